@@ -1,0 +1,37 @@
+"""Exceptions of the coordinator package.
+
+    CoordinatorError
+    ├── RefusedTarget        a PID that must never be signalled (PID 1, ourselves, an ancestor)
+    ├── TargetNotFound       the PID does not exist (or is no longer the process it was)
+    └── DrainConflict        the request does not fit the drain's current phase
+
+"Already gone" during a kill is success, never an exception.
+"""
+
+from __future__ import annotations
+
+
+class CoordinatorError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class RefusedTarget(CoordinatorError):
+    """The PID is one the coordinator will never signal."""
+
+    def __init__(self, pid: int, why: str) -> None:
+        super().__init__(f"refusing to signal pid {pid}: {why}")
+        self.pid = pid
+        self.why = why
+
+
+class TargetNotFound(CoordinatorError):
+    """The PID does not exist, or its identity (start time) no longer matches."""
+
+    def __init__(self, pid: int, why: str = "no such process") -> None:
+        super().__init__(f"pid {pid}: {why}")
+        self.pid = pid
+        self.why = why
+
+
+class DrainConflict(CoordinatorError):
+    """The operation is not allowed in the drain's current phase."""
