@@ -1,0 +1,362 @@
+"""Runs one drain: draining → migrating → terminating → done.
+
+    1. draining     readiness fails at once; a ``drain`` event is pushed to every worker
+                    (both happen inside ``start()``, before anything awaits); stay at least
+                    ``min_drain``.
+    2. migrating    wait until every worker reports zero in-flight and every handoff is
+                    acknowledged, or the migration deadline (a worker that never reported
+                    counts as drained at once).
+    3. terminating  persist, push ``terminate`` to connected workers, wait (bounded) for their
+                    ``prekill_done``, then run the ordered kill on every registered tree and
+                    every adopted tree (re-discovered now), with the outcomes of a previous
+                    run as ``prior`` so no process is signalled twice.
+    4. done         the summary is final; every later ``GET /drain`` answers it.
+
+Concurrent and repeated ``start()`` calls join the running drain. ``abort()`` returns to
+``serving`` before ``terminating`` and raises ``DrainConflict`` after. The controller knows the
+workers only through the small ``Fleet`` protocol, and the kill engine only through ``KillFn``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from coordinator.drain.budget import (
+    BudgetSplit,
+    Deadlines,
+    anchor,
+    effective_budget,
+    remaining,
+    split_budget,
+)
+from coordinator.drain.changes import ChangeSignal
+from coordinator.drain.phases import IllegalTransition, Phase, PhaseMachine
+from coordinator.errors import DrainConflict, RefusedTarget
+from coordinator.kill.policy import KillPolicy, Target
+from coordinator.kill.report import Fate, KillReport, ProcessOutcome
+
+log = logging.getLogger(__name__)
+
+OutcomeKey = tuple[int, float | None]
+KillFn = Callable[..., Awaitable[KillReport]]
+"""``(targets, policy, *, on_update, prior) -> KillReport`` — ``Terminator().run``."""
+
+
+class Fleet(Protocol):
+    """What the controller needs from the workers' side of the service."""
+
+    def drain_started(self, drain: DrainRecord) -> None:
+        """Mark workers draining and push the ``drain`` event (must not await)."""
+
+    def drain_aborted(self) -> None:
+        """Mark workers serving again and push ``abort``."""
+
+    def terminating(self, drain: DrainRecord) -> list[str]:
+        """Push ``terminate``; return the ids of workers whose ``prekill_done`` to wait for."""
+
+    def migration_settled(self) -> bool:
+        """Every worker reported zero in-flight (or never reported, or exited) and every
+        handoff is acknowledged."""
+
+    def prekill_settled(self, worker_ids: list[str]) -> bool:
+        """Every one of these workers reported ``prekill_done`` (or exited, or disconnected)."""
+
+    def kill_targets(self) -> list[Target]:
+        """Registered workers' roots plus adopted roots, discovered now."""
+
+    def budget_ended(self) -> None:
+        """The drain's budget is over (pending migrations expire)."""
+
+    def persist(self, now: bool = False) -> Awaitable[None] | None:
+        """Save the state (``now``: return an awaitable that completes once it is on disk)."""
+
+
+@dataclass(frozen=True)
+class DrainConfig:
+    """The settings a drain is planned with."""
+
+    budget_s: float
+    tier_timeout_s: float
+    confirm_s: float
+    termination_share: float = 0.4
+    min_drain_s: float = 0.0
+    prekill_timeout_s: float = 2.0
+    kill_signal: int = signal.SIGTERM
+
+
+@dataclass
+class DrainRecord:
+    """One drain: why, when, and its deadlines (epoch seconds, so a restart keeps them)."""
+
+    reason: str
+    split: BudgetSplit
+    deadlines: Deadlines
+    outcome: str | None = None
+    """``graceful``, ``killed``, ``survived``, ``timeout`` or ``aborted`` once it ended."""
+    ended_at: float | None = None
+    kill: dict[str, Any] | None = None
+    """The kill report's header (mode, exit detection, notes), once the kill ran."""
+    outcomes: dict[OutcomeKey, ProcessOutcome] = field(default_factory=dict)
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "reason": self.reason,
+            "started_at": self.deadlines.started_at,
+            "deadline_at": self.deadlines.deadline_at,
+            "migration_deadline_at": self.deadlines.migration_deadline_at,
+            "min_drain_until": self.deadlines.min_drain_until,
+            "budget_s": self.split.total_s,
+            "migration_s": self.split.migration_s,
+            "termination_s": self.split.termination_s,
+            "outcome": self.outcome,
+            "ended_at": self.ended_at,
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            **self.to_status(),
+            "min_drain_s": self.split.min_drain_s,
+            "kill": self.kill,
+            "outcomes": [o.to_dict() for o in self.outcomes.values()],
+        }
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> DrainRecord:
+        split = BudgetSplit(float(data["budget_s"]), float(data["migration_s"]),
+                            float(data["termination_s"]), float(data.get("min_drain_s", 0.0)))
+        outcomes = [ProcessOutcome.from_dict(o) for o in data.get("outcomes", ())]
+        return cls(
+            reason=str(data["reason"]), split=split,
+            deadlines=anchor(split, float(data["started_at"])),
+            outcome=data.get("outcome"), ended_at=data.get("ended_at"), kill=data.get("kill"),
+            outcomes={(o.pid, o.start_time): o for o in outcomes},
+        )
+
+
+def outcome_of(report: KillReport) -> str:
+    """The drain's outcome word for a kill report."""
+    fates = {p.fate for p in report.processes}
+    if Fate.SURVIVED in fates or Fate.RUNNING in fates:
+        return "survived"
+    if Fate.KILLED in fates:
+        return "killed"
+    return "graceful"
+
+
+class DrainController:
+    """Owns the drain task; see the module docstring for its steps."""
+
+    def __init__(
+        self,
+        *,
+        machine: PhaseMachine,
+        changes: ChangeSignal,
+        fleet: Fleet,
+        kill: KillFn,
+        config: DrainConfig,
+        on_outcome: Callable[[ProcessOutcome], None] | None = None,
+        on_finished: Callable[[DrainRecord], None] | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.machine = machine
+        self.changes = changes
+        self.fleet = fleet
+        self.kill = kill
+        self.config = config
+        self.clock = clock
+        self._on_outcome = on_outcome
+        self._on_finished = on_finished
+        self.drain: DrainRecord | None = None
+        self.last: DrainRecord | None = None
+        """The most recent drain that ended (done or aborted)."""
+        self._task: asyncio.Task[None] | None = None
+        self._finished = asyncio.Event()
+        self._expiry: asyncio.TimerHandle | None = None
+
+    @property
+    def phase(self) -> Phase:
+        return self.machine.phase
+
+    @property
+    def running(self) -> bool:
+        """A drain is in progress (not serving, not done)."""
+        return self.phase in (Phase.DRAINING, Phase.MIGRATING, Phase.TERMINATING)
+
+    # --- the operations ------------------------------------------------------------------
+
+    def start(self, reason: str, deadline_s: float | None = None) -> tuple[DrainRecord, bool]:
+        """Start a drain, or join the one running (or done); returns (drain, joined)."""
+        if self.drain is not None and self.phase is not Phase.SERVING:
+            return self.drain, True
+        split = split_budget(
+            effective_budget(self.config.budget_s, deadline_s),
+            tier_timeout_s=self.config.tier_timeout_s,
+            confirm_s=self.config.confirm_s,
+            termination_share=self.config.termination_share,
+            min_drain_s=self.config.min_drain_s,
+        )
+        drain = DrainRecord(reason=reason, split=split, deadlines=anchor(split, self.clock()))
+        self.drain = drain
+        self._finished = asyncio.Event()
+        # Readiness and the workers' push must not wait for anything: transition first,
+        # then the push, then everything that may await (the task, the state file).
+        self.machine.advance(Phase.DRAINING, note=reason)
+        self.fleet.drain_started(drain)
+        self._launch()
+        self.fleet.persist()
+        log.info("drain started (%s): budget %.1fs, migration %.1fs, termination %.1fs",
+                 reason, split.total_s, split.migration_s, split.termination_s)
+        return drain, False
+
+    def abort(self) -> DrainRecord:
+        """Return to ``serving``; ``DrainConflict`` once terminating (or when not draining)."""
+        if self.drain is None or self.phase is Phase.SERVING:
+            raise DrainConflict("no drain is running")
+        self.machine.advance(Phase.SERVING, note="aborted")  # raises past migrating
+        drain = self.drain
+        if self._task is not None:
+            self._task.cancel()
+        drain.outcome = "aborted"
+        drain.ended_at = self.clock()
+        self.fleet.drain_aborted()
+        self._finish(drain)
+        self.drain = None
+        return drain
+
+    def resume(self, drain: DrainRecord, phase: Phase) -> None:
+        """Continue a drain persisted by a coordinator that was killed."""
+        self.drain = drain
+        if phase is Phase.DONE:
+            self.last = drain
+            self._finished.set()
+            return
+        log.info("resuming the drain in %s with %.1fs of budget left", phase,
+                 remaining(drain.deadlines.deadline_at, self.clock()))
+        self.fleet.drain_started(drain)
+        self._launch()
+
+    async def wait(self, timeout_s: float) -> bool:
+        """Wait until the current drain ends (done or aborted); False on timeout."""
+        finished = self._finished
+        if finished.is_set():
+            return True
+        try:
+            await asyncio.wait_for(finished.wait(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
+
+    async def close(self) -> None:
+        """Stop the drain task (the coordinator is going away without waiting)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self._expiry is not None:
+            self._expiry.cancel()
+
+    # --- the drain itself -----------------------------------------------------------------
+
+    def _launch(self) -> None:
+        assert self.drain is not None
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(self.drain), name="drain")
+        if self._expiry is not None:
+            self._expiry.cancel()
+        delay = remaining(self.drain.deadlines.deadline_at, self.clock())
+        self._expiry = loop.call_later(delay, self.fleet.budget_ended)
+
+    async def _run(self, drain: DrainRecord) -> None:
+        deadlines = drain.deadlines
+        try:
+            # 1. draining: stay at least min_drain.
+            if self.phase is Phase.DRAINING:
+                await self._wait_until(deadlines.min_drain_until, lambda: False)
+                self.machine.advance(Phase.MIGRATING)
+                self.fleet.persist()
+            # 2. migrating: until every worker is drained and every handoff acknowledged.
+            if self.phase is Phase.MIGRATING:
+                await self._wait_until(deadlines.migration_deadline_at,
+                                       self.fleet.migration_settled)
+                self.machine.advance(Phase.TERMINATING)
+            # 3. terminating: on disk first, then pre-kill hooks, then the kill.
+            if self.phase is Phase.TERMINATING:
+                await self._persist_now()
+                waiting_for = self.fleet.terminating(drain)
+                prekill_until = min(self.clock() + self.config.prekill_timeout_s,
+                                    deadlines.deadline_at)
+                await self._wait_until(prekill_until,
+                                       lambda: self.fleet.prekill_settled(waiting_for))
+                report = await self._kill(drain)
+                for process in report.processes:
+                    drain.outcomes[(process.pid, process.start_time)] = process
+                drain.kill = {k: v for k, v in report.to_dict().items() if k != "processes"}
+                drain.outcome = outcome_of(report)
+            # 4. done.
+            if self.phase is Phase.TERMINATING:
+                drain.ended_at = self.clock()
+                if drain.outcome is None:
+                    drain.outcome = "survived"
+                self.machine.advance(Phase.DONE, note=drain.outcome)
+                await self._persist_now()
+                self._finish(drain)
+        except asyncio.CancelledError:
+            raise
+        except IllegalTransition:
+            log.info("drain task stopped: the drain was aborted")
+        except Exception:
+            log.exception("the drain failed; reporting it as done with what is known")
+            if self.phase is Phase.TERMINATING:
+                drain.outcome = "survived"
+                drain.ended_at = self.clock()
+                self.machine.advance(Phase.DONE, note="error")
+                await self._persist_now()
+                self._finish(drain)
+
+    async def _kill(self, drain: DrainRecord) -> KillReport:
+        targets = self.fleet.kill_targets()
+        prior = dict(drain.outcomes) or None
+        while True:
+            left = remaining(drain.deadlines.deadline_at, self.clock())
+            policy = KillPolicy(
+                signal=self.config.kill_signal,
+                tier_timeout_s=self.config.tier_timeout_s,
+                deadline_s=max(0.1, left - self.config.confirm_s),
+                confirm_s=self.config.confirm_s,
+            )
+            try:
+                return await self.kill(targets, policy, on_update=self._record_outcome,
+                                       prior=prior)
+            except RefusedTarget as exc:
+                # Registration vetted every root; one that became protected since is dropped.
+                log.error("kill refused %s; dropping that target", exc)
+                targets = [t for t in targets if t.pid != exc.pid]
+
+    def _record_outcome(self, outcome: ProcessOutcome) -> None:
+        if self.drain is not None:
+            self.drain.outcomes[(outcome.pid, outcome.start_time)] = outcome
+        if self._on_outcome is not None:
+            self._on_outcome(outcome)
+
+    async def _wait_until(self, deadline_at: float, done: Callable[[], bool]) -> None:
+        while not done():
+            left = remaining(deadline_at, self.clock())
+            if left <= 0:
+                return
+            await self.changes.wait(left)
+
+    async def _persist_now(self) -> None:
+        pending = self.fleet.persist(now=True)
+        if pending is not None:
+            await pending
+
+    def _finish(self, drain: DrainRecord) -> None:
+        self.last = drain
+        self._finished.set()
+        if self._on_finished is not None:
+            self._on_finished(drain)

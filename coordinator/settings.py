@@ -1,0 +1,130 @@
+"""The coordinator's settings: typed, documented fields, each also read from the environment.
+
+Every field reads ``SHUTDOWN_COORDINATOR_<FIELD>`` (upper case); a command-line flag given to
+``serve`` wins over the environment. Lists (``ADOPT_PIDS``, ``ADOPT_PATTERNS``) accept a JSON
+list or a comma-separated string.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "SHUTDOWN_COORDINATOR_"
+DEFAULT_PORT = 8787
+DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+
+
+def _split_list(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return []
+        if text.startswith("["):
+            return json.loads(text)
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Everything ``shutdown-coordinator serve`` can be told."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore")
+
+    host: str = "127.0.0.1"
+    """Address to bind. Loopback by default: in a pod the kubelet's hooks and the engine's
+    containers share the network namespace, so nothing else needs to reach it."""
+    port: int = Field(DEFAULT_PORT, ge=0, le=65535)
+    """TCP port; 0 picks a free one (see ``port_file``)."""
+    port_file: Path | None = None
+    """When set, the bound address is written there as JSON ``{"host", "port", "url", "pid"}``
+    once the server listens (useful with ``port=0``)."""
+
+    grace_period_s: float = Field(30.0, gt=0, le=86_400)
+    """Seconds: the pod's ``terminationGracePeriodSeconds``. Default 30, Kubernetes' default.
+    The drain budget is derived from it."""
+    safety_margin_s: float = Field(5.0, ge=0, le=86_400)
+    """Seconds of the grace period the drain leaves unused. After ``preStop`` returns the
+    kubelet still has to deliver SIGTERM to every container and see them exit before its own
+    SIGKILL at the end of the grace period; 5 s covers the hook's HTTP round trip, container
+    runtime latency and the coordinator's own exit with room to spare on a loaded node."""
+    min_drain_s: float = Field(0.0, ge=0, le=86_400)
+    """Seconds to stay in ``draining`` at least, for Service endpoint propagation when traffic
+    does not come through a router watching ``/status``. Default 0. Cut to the migration share
+    of the budget."""
+    tier_timeout_s: float = Field(10.0, gt=0, le=3_600)
+    """Seconds each kill tier waits between its graceful signal and SIGKILL (SGLang's default
+    child shutdown timeout). The termination share of the budget always fits one full tier."""
+    confirm_s: float = Field(2.0, gt=0, le=600)
+    """Seconds to wait for a SIGKILLed process to disappear before calling it ``survived``."""
+    prekill_timeout_s: float = Field(2.0, ge=0, le=600)
+    """Seconds to wait for connected workers' ``prekill_done`` after the ``terminate`` event
+    before the kill starts anyway."""
+    termination_share: float = Field(0.4, gt=0, lt=1)
+    """Fraction of the budget reserved for termination (at least one tier plus confirmation);
+    the rest is for draining and migration."""
+
+    token: SecretStr | None = None
+    """Bearer token every call but ``/healthz``, ``/readyz`` and ``/metrics`` must carry.
+    Prefer ``token_file`` (environment variables show up in ``/proc/<pid>/environ``)."""
+    token_file: Path | None = None
+    """File holding the bearer token (surrounding whitespace ignored); wins over ``token``."""
+
+    adopt_pids: Annotated[list[int], NoDecode] = Field(default_factory=list)
+    """PIDs of process trees to drain although they never register (unmodified engines)."""
+    adopt_patterns: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Regular expressions searched in command lines; matching trees are adopted, and
+    re-discovered when the kill starts (an engine may have restarted since)."""
+    confine_to_pid: int | None = Field(None, ge=1)
+    """Hardening: only register or adopt processes descending from this PID (or the PID
+    itself). Unset: any process the coordinator may see, except the refused ones."""
+
+    state_file: Path | None = None
+    """Where the drain's state is persisted (atomically) so a restarted coordinator resumes
+    it. Unset: nothing is persisted."""
+
+    long_poll_cap_s: float = Field(30.0, gt=0, le=3_600)
+    """Upper bound on ``GET /status?wait=S``; longer waits are cut to it."""
+    ping_interval_s: float = Field(15.0, gt=0, le=3_600)
+    """Seconds between ``ping`` lines on the workers' event streams (keeps proxies and the
+    client's read timeout happy)."""
+    process_scan_interval_s: float = Field(5.0, gt=0, le=3_600)
+    """Seconds between re-scans of the registered and adopted trees for ``/status``."""
+    status_cache: bool = True
+    """Serve ``/status`` from a per-generation cache. Off only to measure the cache."""
+    log_level: str = "info"
+    """uvicorn log level: critical, error, warning, info, debug, trace."""
+
+    @field_validator("adopt_pids", "adopt_patterns", mode="before")
+    @classmethod
+    def _lists_from_env(cls, value: Any) -> Any:
+        return _split_list(value)
+
+    @field_validator("adopt_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            re.compile(pattern)
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str) -> str:
+        level = value.lower()
+        if level not in {"critical", "error", "warning", "info", "debug", "trace"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+    def resolved_token(self) -> str | None:
+        """The configured token, from the file first, then the environment."""
+        if self.token_file is not None:
+            text = self.token_file.read_text(encoding="utf-8").strip()
+            return text or None
+        if self.token is not None:
+            return self.token.get_secret_value().strip() or None
+        return None
