@@ -1,0 +1,172 @@
+"""The simulated engine's HTTP surface (Starlette): OpenAI-style streaming completions.
+
+``POST /v1/completions`` ``{"prompt", "max_tokens", "stream"}``: with ``stream: true``,
+server-sent events, one token each (``choices[0].text``), then ``data: [DONE]``. A stream
+ended by a drain instead ends with ``{"handed_back": true, "request_id", "tokens"}`` and no
+``[DONE]`` (see docs/architecture.md, "Engine ↔ router streaming convention"). The
+``X-Request-Id`` header names the request. ``GET /health`` and two internal controls for
+tests and hooks: ``POST /internal/stand_down`` (stand the child watchdog down) and
+``POST /internal/handoff`` (hand every in-flight request back; ``/internal/resume`` undoes).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Protocol
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+
+MODEL_NAME = "sim"
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 100_000
+
+
+class EngineControls(Protocol):
+    """What the HTTP layer needs from the main process besides token generation."""
+
+    def stand_down_watchdog(self) -> bool: ...
+
+    def health(self) -> dict[str, Any]: ...
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    return JSONResponse({"detail": detail}, status_code=status)
+
+
+def _sse(data: dict[str, Any] | str) -> bytes:
+    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {body}\n\n".encode()
+
+
+def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": MODEL_NAME,
+        "choices": [
+            {
+                "index": 0,
+                "text": token.text,
+                "logprobs": None,
+                "finish_reason": "length" if token.last else None,
+            }
+        ],
+    }
+
+
+def _handed_back(event: HandedBack) -> dict[str, Any]:
+    return {"handed_back": True, "request_id": event.request_id, "tokens": event.tokens}
+
+
+def _parse_completion(body: Any) -> tuple[str, int, bool] | str:
+    """``(prompt, max_tokens, stream)`` from a request body, or what is wrong with it."""
+    if not isinstance(body, dict):
+        return "the body must be a JSON object"
+    prompt = body.get("prompt", "")
+    if not isinstance(prompt, str):
+        return "'prompt' must be a string"
+    max_tokens = body.get("max_tokens", DEFAULT_MAX_TOKENS)
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
+        return "'max_tokens' must be an integer"
+    if not 0 <= max_tokens <= MAX_TOKENS_LIMIT:
+        return f"'max_tokens' must be between 0 and {MAX_TOKENS_LIMIT}"
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        return "'stream' must be a boolean"
+    return prompt, max_tokens, stream
+
+
+def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette:
+    """The ASGI app of the main process."""
+
+    async def completions(request: Request) -> Response:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the body is not valid JSON")
+        parsed = _parse_completion(body)
+        if isinstance(parsed, str):
+            return _error(422, parsed)
+        prompt, max_tokens, stream = parsed
+        request_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        created = int(time.time())
+        events = streams.generate(request_id, prompt, max_tokens)
+        if stream:
+            return StreamingResponse(
+                _sse_events(request_id, created, events),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
+            )
+        return await _whole_completion(request_id, created, events)
+
+    async def health(request: Request) -> Response:
+        return JSONResponse(controls.health())
+
+    async def stand_down(request: Request) -> Response:
+        controls.stand_down_watchdog()
+        return JSONResponse({"watchdog": "stood_down"})
+
+    async def handoff(request: Request) -> Response:
+        return JSONResponse({"handing_back": streams.hand_back_all()})
+
+    async def resume(request: Request) -> Response:
+        streams.resume()
+        return JSONResponse({"handing_back": 0})
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)
+        return _error(exc.status_code, exc.detail)
+
+    return Starlette(
+        exception_handlers={HTTPException: http_error},
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/health", health, methods=["GET"]),
+            Route("/internal/stand_down", stand_down, methods=["POST"]),
+            Route("/internal/handoff", handoff, methods=["POST"]),
+            Route("/internal/resume", resume, methods=["POST"]),
+        ]
+    )
+
+
+async def _sse_events(
+    request_id: str, created: int, events: AsyncIterator[Token | HandedBack]
+) -> AsyncIterator[bytes]:
+    async for event in events:
+        if isinstance(event, HandedBack):
+            yield _sse(_handed_back(event))
+            return
+        yield _sse(_chunk(request_id, created, event))
+    yield _sse("[DONE]")
+
+
+async def _whole_completion(
+    request_id: str, created: int, events: AsyncIterator[Token | HandedBack]
+) -> Response:
+    text: list[str] = []
+    async for event in events:
+        if isinstance(event, HandedBack):
+            return JSONResponse({**_handed_back(event), "text": "".join(text)})
+        text.append(event.text)
+    return JSONResponse(
+        {
+            "id": request_id,
+            "object": "text_completion",
+            "created": created,
+            "model": MODEL_NAME,
+            "choices": [
+                {"index": 0, "text": "".join(text), "logprobs": None, "finish_reason": "length"}
+            ],
+            "usage": {"completion_tokens": len(text)},
+        }
+    )

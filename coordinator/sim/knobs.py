@@ -1,0 +1,98 @@
+"""The simulated engine's knobs: one typed field each, also its command-line flag."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from typing import Any
+
+from coordinator.sim.errors import SimArgumentError
+from coordinator.sim.roles import Role
+
+
+@dataclass(frozen=True)
+class EngineKnobs:
+    """How the simulated engine is shaped and how it behaves on shutdown."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0 picks a free port; the ready file tells which."""
+    schedulers: int = 2
+    """Scheduler children of the main process (one per tensor-parallel rank). With ``dp``
+    they are not started: the DP controller's schedulers take their place."""
+    dp: int = 0
+    """When > 0, a data-parallel controller with this many schedulers of its own."""
+    token_interval_ms: float = 20.0
+    """Milliseconds between two streamed tokens (per request)."""
+    teardown_s: float = 0.0
+    """Seconds of cleanup each process runs after the signal it honours (RDMA
+    deregistration, say). A process killed during it leaves ``cleanup: "started"``."""
+    ignore_sigterm: tuple[str, ...] = ()
+    """Processes (``ROLE`` or ``ROLE:RANK``) that note SIGTERM and carry on."""
+    fork_on_shutdown: tuple[str, ...] = ()
+    """Processes (``ROLE`` or ``ROLE:RANK``) that start a helper process when their cleanup
+    begins, and wait for it at the end of their cleanup."""
+    watchdog: bool = True
+    """The main process SIGKILLs the whole tree when a child dies (as SGLang's
+    ``SubprocessWatchdog`` does), unless stood down first."""
+    graceful_main: bool = False
+    """Main process on SIGTERM: False mimics stock SGLang (SIGKILL its tree and itself,
+    exit status 137); True hands back in-flight requests, stops its children with SIGTERM,
+    a bounded wait and SIGKILL for stragglers, and exits 0."""
+    dp_no_propagate: bool = False
+    """The DP controller exits on SIGTERM without stopping its schedulers (the failure mode:
+    PDEATHSIG SIGKILLs them)."""
+    child_timeout_s: float = 10.0
+    """How long a parent that stops its children gracefully waits before SIGKILL."""
+    startup_timeout_s: float = 60.0
+    """How long the main process waits for its children to come up."""
+
+    def __post_init__(self) -> None:
+        if self.schedulers < 0 or self.dp < 0:
+            raise SimArgumentError("--schedulers and --dp must be >= 0")
+        if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0:
+            raise SimArgumentError("intervals and timeouts must be >= 0")
+        roles = {r.value for r in Role}
+        for spec in (*self.ignore_sigterm, *self.fork_on_shutdown):
+            name, sep, rank = spec.partition(":")
+            if name not in roles or (sep and not rank.isdigit()):
+                raise SimArgumentError(f"{spec!r} is not ROLE or ROLE:RANK ({sorted(roles)})")
+
+    def to_argv(self) -> list[str]:
+        """Command-line flags that reproduce these knobs (defaults omitted)."""
+        default = EngineKnobs()
+        argv: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if value == getattr(default, f.name):
+                continue
+            if isinstance(value, bool):
+                argv.append(flag if value else "--no-" + f.name.replace("_", "-"))
+            elif isinstance(value, tuple):
+                for item in value:
+                    argv += [flag, item]
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        default = cls()
+        for f in fields(cls):
+            value = getattr(default, f.name)
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+            elif isinstance(value, tuple):
+                parser.add_argument(flag, action="append", default=[], metavar="ROLE[:RANK]")
+            else:
+                parser.add_argument(flag, type=type(value), default=value)
+
+    @classmethod
+    def from_namespace(cls, ns: argparse.Namespace) -> EngineKnobs:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            value = getattr(ns, f.name)
+            values[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**values)

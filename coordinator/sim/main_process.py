@@ -1,0 +1,283 @@
+"""The simulated engine's main process: HTTP/tokenizer role, owner of the children.
+
+Startup, in order:
+
+1. Write the end record (``cleanup: "not started"``); bind the listening socket.
+2. Start the children from the main thread (PDEATHSIG is tied to the forking thread):
+   ``--schedulers N`` schedulers and a detokenizer, or with ``--dp N`` a DP controller
+   (which starts its own N schedulers) and a detokenizer. Wait until each reports up.
+3. Start the child watchdog (armed unless ``--no-watchdog``).
+4. Serve HTTP with uvicorn on the bound socket; once listening, write the ready file.
+
+Requests are generated in one place, ``self.streams`` (``CompletionStreams``): handing
+requests back on a drain is ``self.streams.hand_back_all()``. Signals are handled in one
+place, ``handle_signal``:
+
+- stock (default), like SGLang today: SIGKILL every descendant, then itself — the container
+  exits 137 and no child runs its cleanup;
+- ``--graceful-main``: stand the watchdog down, hand in-flight requests back, stop HTTP,
+  SIGTERM the direct children, wait up to ``--child-timeout-s``, SIGKILL stragglers (and
+  anything below them), run its own teardown, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import uvicorn
+
+from coordinator.sim.errors import SimArgumentError, SimStartupError
+from coordinator.sim.http_app import build_app
+from coordinator.sim.knobs import EngineKnobs
+from coordinator.sim.linux import send_signal
+from coordinator.sim.records import (
+    CLEANUP_INTERRUPTED,
+    RecordWriter,
+    signal_name,
+    write_json_atomically,
+)
+from coordinator.sim.roles import EXIT_OK, EXIT_STARTUP_FAILED, Role, knob_matches
+from coordinator.sim.spawn import ChildSpec, StartedChild, spawn_children
+from coordinator.sim.streams import CompletionStreams
+from coordinator.sim.watchdog import ChildWatchdog
+
+HTTP_DRAIN_TIMEOUT_S = 5
+"""How long uvicorn waits for open connections after the streams were handed back."""
+REAP_BEFORE_DYING_S = 1.0
+"""Bound on collecting SIGKILLed children's exit status before the main process kills itself."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal handling (the engine decides what a signal means)."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self._on_started()
+
+
+class EngineMain:
+    """The main process of the simulated engine."""
+
+    def __init__(self, knobs: EngineKnobs, *, record_dir: Path, ready_file: Path | None) -> None:
+        self.knobs = knobs
+        self.record_dir = record_dir
+        self.ready_file = ready_file
+        self.streams = CompletionStreams(knobs.token_interval_ms / 1000.0)
+        self.record = RecordWriter(record_dir, Role.MAIN)
+        self.children: list[StartedChild] = []
+        self.watchdog: ChildWatchdog | None = None
+        self.server: _Server | None = None
+        self.port = 0
+        self.shutting_down = False
+        self._dying = False
+
+    # --- startup -------------------------------------------------------------------------
+
+    def child_specs(self) -> list[ChildSpec]:
+        k = self.knobs
+        common = [
+            "--record-dir", str(self.record_dir),
+            "--teardown-s", str(k.teardown_s),
+            "--child-timeout-s", str(k.child_timeout_s),
+        ]  # fmt: skip
+        for spec in k.ignore_sigterm:
+            common += ["--ignore-sigterm", spec]
+        for spec in k.fork_on_shutdown:
+            common += ["--fork-on-shutdown", spec]
+        specs: list[ChildSpec] = []
+        if k.dp > 0:
+            dp_args = ["--schedulers", str(k.dp), *common]
+            if k.dp_no_propagate:
+                dp_args.append("--no-propagate")
+            specs.append(ChildSpec("dp_controller", tuple(dp_args)))
+        else:
+            specs += [
+                ChildSpec("scheduler", ("--rank", str(rank), *common))
+                for rank in range(k.schedulers)
+            ]
+        specs.append(ChildSpec("detokenizer", tuple(common)))
+        return specs
+
+    async def run(self) -> int:
+        self.record.update(knobs=self.knobs.to_argv())
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.knobs.host, self.knobs.port))
+        sock.listen(2048)
+        self.port = sock.getsockname()[1]
+        try:
+            self.children = spawn_children(
+                self.child_specs(), timeout_s=self.knobs.startup_timeout_s
+            )
+        except SimStartupError as exc:
+            self.record.ended(EXIT_STARTUP_FAILED, cleanup=CLEANUP_INTERRUPTED, detail=str(exc))
+            return EXIT_STARTUP_FAILED
+        self.record.update(children=[c.pid for c in self.children])
+        self.watchdog = ChildWatchdog(
+            self.children, armed=self.knobs.watchdog, on_fire=self._watchdog_fired
+        )
+        self.watchdog.start()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.handle_signal, signum)
+        config = uvicorn.Config(
+            build_app(self.streams, self),
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=HTTP_DRAIN_TIMEOUT_S,
+        )
+        self.server = _Server(config, on_started=self._write_ready_file)
+        await self.server.serve(sockets=[sock])
+        return await self._finish_graceful_shutdown()
+
+    def processes(self) -> list[dict[str, Any]]:
+        """Every process of the engine, this one first."""
+        me = {"pid": os.getpid(), "role": Role.MAIN.value, "rank": None, "ppid": os.getppid()}
+        return [me, *(p for child in self.children for p in child.processes)]
+
+    def _write_ready_file(self) -> None:
+        if self.ready_file is None:
+            return
+        url = f"http://{self.knobs.host}:{self.port}"
+        write_json_atomically(
+            self.ready_file,
+            {"pid": os.getpid(), "port": self.port, "url": url, "processes": self.processes()},
+        )
+
+    # --- controls (HTTP and hooks) -------------------------------------------------------
+
+    def stand_down_watchdog(self) -> bool:
+        """Disarm the child watchdog, so stopping the children does not crash the engine.
+
+        A drain's pre-kill hook calls this before the children are signalled.
+        """
+        if self.watchdog is not None:
+            self.watchdog.stand_down()
+            self.record.update(watchdog="stood_down")
+        return True
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "shutting_down" if self.shutting_down else "ok",
+            "pid": os.getpid(),
+            "inflight": len(self.streams.inflight),
+            "handing_back": self.streams.handing_back,
+            "completed": self.streams.completed,
+            "handed_back": len(self.streams.handed_back),
+            "watchdog": self.watchdog.state if self.watchdog else "off",
+        }
+
+    # --- shutdown ------------------------------------------------------------------------
+
+    def handle_signal(self, signum: int) -> None:
+        """What SIGTERM (or SIGINT) means for the main process."""
+        self.record.signalled(signum)
+        if knob_matches(self.knobs.ignore_sigterm, Role.MAIN) or self.shutting_down:
+            return
+        self.shutting_down = True
+        if not self.knobs.graceful_main:
+            self._kill_tree_and_self(f"stock shutdown on {signal_name(signum)}")
+            return
+        # Graceful: nothing below may turn into a crash, and no stream is cut silently.
+        if self.watchdog is not None:
+            self.watchdog.stand_down()
+        self.record.cleanup_started(detail=f"graceful shutdown on {signal_name(signum)}")
+        self.streams.hand_back_all()
+        if self.server is not None:
+            self.server.should_exit = True
+
+    async def _finish_graceful_shutdown(self) -> int:
+        # 1. Graceful signal to the direct children (the DP controller stops its own).
+        pids = [c.pid for c in self.children]
+        for pid in pids:
+            send_signal(pid, signal.SIGTERM)
+        # 2. Bounded wait; the watchdog thread reaps them as they go.
+        assert self.watchdog is not None
+        watchdog = self.watchdog
+        stragglers = await asyncio.to_thread(
+            watchdog.wait_exited, pids, self.knobs.child_timeout_s
+        )
+        # 3. SIGKILL stragglers and whatever is still below them, then wait for them too.
+        if stragglers:
+            for proc in _descendants():
+                send_signal(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(watchdog.wait_exited, pids, self.knobs.child_timeout_s)
+        # 4. Own teardown, then exit 0.
+        if self.knobs.teardown_s > 0:
+            await asyncio.sleep(self.knobs.teardown_s)
+        self.record.update(
+            children_exit_codes={str(k): v for k, v in watchdog.exit_codes.items()},
+            sigkilled_children=sorted(stragglers),
+        )
+        self.record.ended(EXIT_OK)
+        return EXIT_OK
+
+    def _watchdog_fired(self, child: StartedChild, exit_code: int | None) -> None:
+        self._kill_tree_and_self(
+            f"watchdog: {child.role} {child.pid} exited with {exit_code}"
+        )
+
+    def _kill_tree_and_self(self, why: str) -> None:
+        """SIGKILL every descendant, then this process (SGLang's ``kill_process_tree``).
+
+        Unlike SGLang it collects its direct children's exit status first (bounded), so no
+        zombie is left for PID 1 to reap; what the children see is the same.
+        """
+        if self._dying:
+            return
+        self._dying = True
+        self.record.ended(-signal.SIGKILL, cleanup=CLEANUP_INTERRUPTED, detail=why)
+        for proc in _descendants():
+            send_signal(proc.pid, signal.SIGKILL)
+        for child in self.children:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.popen.wait(timeout=REAP_BEFORE_DYING_S)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _descendants() -> list[psutil.Process]:
+    try:
+        return psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m coordinator.sim``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m coordinator.sim",
+        description="A simulated multi-process inference engine (SGLang-shaped).",
+    )
+    parser.add_argument("--record-dir", required=True, type=Path)
+    parser.add_argument("--ready-file", type=Path, default=None)
+    EngineKnobs.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        knobs = EngineKnobs.from_namespace(args)
+    except SimArgumentError as exc:
+        parser.error(str(exc))
+    args.record_dir.mkdir(parents=True, exist_ok=True)
+    engine = EngineMain(knobs, record_dir=args.record_dir, ready_file=args.ready_file)
+    sys.exit(asyncio.run(engine.run()))
+

@@ -1,0 +1,125 @@
+"""Token generation for the simulated engine, and the one place requests are handed back.
+
+Every completion runs through ``CompletionStreams.generate``. ``hand_back_all()`` ends every
+in-flight stream before its next token (and any request that arrives afterwards at once),
+which is what a drain asks of an engine: the stream's last event says how many tokens were
+produced so the router can continue the request elsewhere. Whatever learns of the drain —
+the main process's own SIGTERM handling, ``POST /internal/handoff``, or a worker client's
+``shutdown_event`` through ``follow_shutdown_event`` — calls this one method.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from coordinator.sim.tokens import TokenStream
+
+
+@dataclass(frozen=True)
+class Token:
+    """One generated token; ``index`` counts from 0 and ``last`` marks ``max_tokens``."""
+
+    text: str
+    index: int
+    last: bool
+
+
+@dataclass(frozen=True)
+class HandedBack:
+    """The stream ended early because of a drain, after ``tokens`` tokens."""
+
+    request_id: str
+    tokens: int
+
+
+@dataclass
+class InflightRequest:
+    request_id: str
+    max_tokens: int
+    started_at: float = field(default_factory=time.time)
+    tokens: int = 0
+
+
+HandoffListener = Callable[[HandedBack], None]
+
+
+class CompletionStreams:
+    """Generates tokens at a fixed pace and hands every in-flight request back on demand."""
+
+    def __init__(self, token_interval_s: float) -> None:
+        self.token_interval_s = token_interval_s
+        self.inflight: dict[int, InflightRequest] = {}
+        """Keyed by an internal serial, so a retried request id never hides another."""
+        self.handing_back = False
+        self.completed = 0
+        self.handed_back: list[HandedBack] = []
+        self.listeners: list[HandoffListener] = []
+        self._waiters: set[asyncio.Future[None]] = set()
+        self._serial = 0
+
+    async def generate(
+        self, request_id: str, prompt: str, max_tokens: int
+    ) -> AsyncIterator[Token | HandedBack]:
+        """Yield ``max_tokens`` tokens, or fewer and then a ``HandedBack``."""
+        request = InflightRequest(request_id=request_id, max_tokens=max_tokens)
+        self._serial += 1
+        key = self._serial
+        self.inflight[key] = request
+        stream = TokenStream(prompt)
+        try:
+            for index in range(max_tokens):
+                await self._pause(self.token_interval_s)
+                if self.handing_back:
+                    yield self._hand_back(request)
+                    return
+                request.tokens = index + 1
+                yield Token(stream.next_token(), index, index == max_tokens - 1)
+            self.completed += 1
+        finally:
+            self.inflight.pop(key, None)
+
+    def hand_back_all(self) -> int:
+        """End every in-flight stream before its next token; returns how many there were."""
+        self.handing_back = True
+        for waiter in list(self._waiters):
+            if not waiter.done():
+                waiter.set_result(None)
+        return len(self.inflight)
+
+    def resume(self) -> None:
+        """Serve normally again (the drain was aborted)."""
+        self.handing_back = False
+
+    async def follow_shutdown_event(self, event: asyncio.Event) -> None:
+        """Hand everything back the moment ``event`` is set (a worker client's drain signal)."""
+        await event.wait()
+        self.hand_back_all()
+
+    def _hand_back(self, request: InflightRequest) -> HandedBack:
+        handed = HandedBack(request.request_id, request.tokens)
+        self.handed_back.append(handed)
+        for listener in self.listeners:
+            listener(handed)
+        return handed
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep between tokens, cut short by ``hand_back_all``."""
+        if self.handing_back:
+            return
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, waiter)
+        self._waiters.add(waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiters.discard(waiter)
+
+
+def _resolve(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
