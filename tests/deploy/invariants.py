@@ -1,0 +1,275 @@
+"""What must hold in every rendered variant, one check per invariant.
+
+Each check raises AssertionError naming what is wrong. They are plain functions over a
+``Rendered`` so that the tests can also feed them a deliberately broken manifest and see
+them fail (a check that cannot fail checks nothing).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from tests.deploy.rendering import COORDINATOR, DRAIN_HOOK, Rendered
+
+HOOK_SCRIPT = DRAIN_HOOK.name
+KUBELET_EXTENSION_S = 2
+"""The kubelet's one-off extension when a preStop hook outlives the grace period."""
+MIN_SAFETY_MARGIN_S = 5
+"""Below this the hook's return, SIGTERM delivery and the containers' exit do not fit."""
+TIER_TIMEOUT_S = 10.0
+CONFIRM_S = 2.0
+
+
+def _seconds(rendered: Rendered, key: str) -> float:
+    return float(rendered.settings[f"SHUTDOWN_COORDINATOR_{key}"])
+
+
+def check_budget(r: Rendered) -> None:
+    """The coordinator is told the pod's grace period, and its budget fits inside it."""
+    grace = int(r.pod["terminationGracePeriodSeconds"])
+    told = _seconds(r, "GRACE_PERIOD_S")
+    assert told == grace, f"coordinator told grace {told}s, pod has {grace}s"
+    margin = _seconds(r, "SAFETY_MARGIN_S")
+    assert MIN_SAFETY_MARGIN_S <= margin < grace, f"safety margin {margin}s vs grace {grace}s"
+    budget = grace - margin
+    min_drain = _seconds(r, "MIN_DRAIN_S")
+    # The kill needs at least one full tier and SIGKILL's confirmation; the rest is for
+    # draining, which must cover --min-drain.
+    assert budget - (TIER_TIMEOUT_S + CONFIRM_S) >= min_drain, (
+        f"budget {budget}s cannot hold min-drain {min_drain}s and one kill tier"
+    )
+
+
+def check_port(r: Rendered) -> None:
+    """Every probe, hook, annotation and Service port names the coordinator's one port."""
+    port = r.port
+    assert r.settings["SHUTDOWN_COORDINATOR_HOST"] == "0.0.0.0", (
+        "the kubelet reaches probes and httpGet hooks through the pod IP, not loopback"
+    )
+    coordinator = r.coordinator
+    ports = {p["name"]: p["containerPort"] for p in coordinator.get("ports") or []}
+    assert ports.get("coordinator") == port, f"containerPort {ports} vs {port}"
+    for probe in ("livenessProbe", "startupProbe"):
+        if probe in coordinator:
+            assert coordinator[probe]["httpGet"]["port"] == port, f"coordinator {probe}"
+    assert r.engine["readinessProbe"]["httpGet"]["port"] == port, "engine readiness port"
+    service = r.named("Service", "inference-engine-coordinator")
+    service_ports = {p["name"]: p for p in service["spec"]["ports"]}
+    assert service_ports["coordinator"]["port"] == port
+    assert service_ports["coordinator"]["targetPort"] in (port, "coordinator")
+
+
+def check_prestop_targets_drain(r: Rendered) -> None:
+    """The engine's preStop drains through this pod's coordinator, with the token."""
+    pre_stop = r.engine["lifecycle"]["preStop"]
+    assert len(pre_stop) == 1, f"one preStop handler, got {sorted(pre_stop)}"
+    if "httpGet" in pre_stop:
+        _check_httpget_hook(r, pre_stop["httpGet"])
+    else:
+        _check_exec_hook(r, r.engine, pre_stop["exec"]["command"])
+
+
+def _token_path(r: Rendered, container: dict[str, Any], env_name: str) -> str:
+    env = r.env(container)
+    if env_name in env:
+        return str(env[env_name]["value"])
+    return r.settings[env_name]
+
+
+def _check_exec_hook(r: Rendered, container: dict[str, Any], command: list[str]) -> None:
+    assert command[0] in ("python3", "python"), f"hook runs {command}"
+    script = command[1]
+    assert script.endswith("/" + HOOK_SCRIPT), f"hook runs {command}"
+    volume = r.volume_at(container, script)
+    assert volume is not None, f"{script} is not mounted"
+    assert "configMap" in volume, f"{script} is not mounted"
+    hook_config = r.named("ConfigMap", volume["configMap"]["name"])
+    assert hook_config["data"][HOOK_SCRIPT] == DRAIN_HOOK.read_text(), "stale hook script"
+    env = r.env(container)
+    url = env["SHUTDOWN_COORDINATOR_URL"]["value"]
+    assert url == "http://127.0.0.1:$(SHUTDOWN_COORDINATOR_PORT)", f"hook URL {url}"
+    port_env = [n for n, _ in env.items() if n == "SHUTDOWN_COORDINATOR_PORT"]
+    names = list(env)
+    if port_env:
+        # $(VAR) only expands variables defined before it.
+        assert names.index("SHUTDOWN_COORDINATOR_PORT") < names.index("SHUTDOWN_COORDINATOR_URL")
+        ref = env["SHUTDOWN_COORDINATOR_PORT"]["valueFrom"]["configMapKeyRef"]
+        assert r.named("ConfigMap", ref["name"])["data"][ref["key"]] == str(r.port)
+    else:
+        assert container["name"] == COORDINATOR, "only the coordinator gets the port via envFrom"
+    token_file = _token_path(r, container, "SHUTDOWN_COORDINATOR_TOKEN_FILE")
+    _check_token_file(r, container, token_file)
+
+
+def _check_httpget_hook(r: Rendered, get: dict[str, Any]) -> None:
+    assert get["path"] == "/drain", f"httpGet path {get['path']}"
+    assert get["port"] == r.port, f"httpGet port {get['port']} vs {r.port}"
+    assert get.get("scheme", "HTTP") == "HTTP"
+    assert "host" not in get, "the hook must reach the pod's own coordinator (the pod IP)"
+    headers = {h["name"]: h["value"] for h in get.get("httpHeaders") or []}
+    volume = r.volume_at(r.coordinator, r.settings["SHUTDOWN_COORDINATOR_TOKEN_FILE"])
+    assert volume is not None
+    assert "secret" in volume
+    token = r.secret_value(volume["secret"]["secretName"], "token")
+    assert token, "the httpGet variant renders the token Secret it copies the header from"
+    assert headers.get("Authorization") == f"Bearer {token}", "header does not carry the token"
+
+
+def _check_token_file(r: Rendered, container: dict[str, Any], path: str) -> None:
+    volume = r.volume_at(container, path)
+    assert volume is not None, f"{path} is not a mounted Secret"
+    assert "secret" in volume, f"{path} is not a mounted Secret"
+    key = path.rsplit("/", 1)[1]
+    items = volume["secret"].get("items")
+    assert items is None or key in [i["path"] for i in items]
+    assert volume["secret"]["secretName"].startswith("shutdown-coordinator-token")
+
+
+def check_token_wiring(r: Rendered) -> None:
+    """The coordinator and the engine (worker_client) read the same Secret."""
+    coordinator_file = r.settings["SHUTDOWN_COORDINATOR_TOKEN_FILE"]
+    _check_token_file(r, r.coordinator, coordinator_file)
+    engine_file = r.env(r.engine)["SHUTDOWN_COORDINATOR_TOKEN_FILE"]["value"]
+    _check_token_file(r, r.engine, engine_file)
+    a = r.volume_at(r.coordinator, coordinator_file)
+    b = r.volume_at(r.engine, engine_file)
+    assert a is not None
+    assert b is not None
+    assert a["name"] == b["name"]
+
+
+def check_sidecar(r: Rendered) -> None:
+    """Native: an init container with restartPolicy Always. Classic: a container that joins
+    the drain in its own preStop, so its SIGTERM waits for the drain too."""
+    where = [key for key, c in r.containers() if c["name"] == COORDINATOR]
+    if r.variant.native_sidecar:
+        assert where == ["initContainers"], f"coordinator in {where}"
+        assert r.coordinator.get("restartPolicy") == "Always", "not a native sidecar"
+        assert r.pod["initContainers"][0]["name"] == COORDINATOR, "other init containers first"
+        assert r.coordinator["startupProbe"]["httpGet"]["path"] == "/healthz"
+    else:
+        assert where == ["containers"], f"coordinator in {where}"
+        assert "restartPolicy" not in r.coordinator
+        _check_exec_hook(r, r.coordinator, r.coordinator["lifecycle"]["preStop"]["exec"]["command"])
+
+
+def check_process_namespace(r: Rendered) -> None:
+    """The coordinator sees (and may signal) the engine's processes."""
+    assert r.pod.get("shareProcessNamespace") is True
+
+
+def check_probes(r: Rendered) -> None:
+    """Engine readiness is the coordinator's /readyz; coordinator liveness is /healthz."""
+    ready = r.engine["readinessProbe"]["httpGet"]
+    assert ready["path"] == "/readyz", f"engine readiness {ready}"
+    assert r.coordinator["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # The engine's own health must not decide readiness, or a draining pod could turn Ready.
+    assert r.engine["startupProbe"]["httpGet"]["port"] == "http"
+    assert "readinessProbe" not in r.coordinator, "one readiness signal: the engine's"
+
+
+def check_security_context(r: Rendered) -> None:
+    """Coordinator: read-only root, no escalation, every capability dropped but at most
+    CAP_KILL, non-root as the engine's UID unless the engine itself runs as root."""
+    c = r.coordinator
+    assert r.effective(c, "readOnlyRootFilesystem") is True
+    assert r.effective(c, "allowPrivilegeEscalation") is False
+    caps = r.effective(c, "capabilities") or {}
+    assert [x.upper() for x in caps.get("drop") or []] == ["ALL"], f"drop {caps}"
+    added = {x.upper() for x in caps.get("add") or []}
+    assert added <= {"KILL"}, f"capabilities beyond CAP_KILL: {added}"
+    seccomp = r.effective(c, "seccompProfile") or {}
+    assert seccomp.get("type") == "RuntimeDefault"
+    uid = r.effective(c, "runAsUser")
+    engine_uid = r.effective(r.engine, "runAsUser")
+    if uid == 0:
+        assert engine_uid == 0, "a root coordinator is only for an engine that runs as root"
+        assert r.effective(c, "runAsNonRoot") is not True
+    else:
+        assert r.effective(c, "runAsNonRoot") is True
+        assert uid == engine_uid, f"coordinator UID {uid} cannot signal engine UID {engine_uid}"
+        # Kubernetes gives a non-root container no usable capability (no ambient set).
+        assert not added, "CAP_KILL is useless to a non-root coordinator"
+
+
+def check_writable_paths(r: Rendered) -> None:
+    """With a read-only root, the state file and /tmp live on emptyDirs."""
+    state = r.settings["SHUTDOWN_COORDINATOR_STATE_FILE"]
+    volume = r.volume_at(r.coordinator, state)
+    assert volume is not None, f"{state} not on an emptyDir"
+    assert "emptyDir" in volume, f"{state} not on an emptyDir"
+    tmp = r.volume_at(r.coordinator, "/tmp/x")
+    assert tmp is not None
+    assert "emptyDir" in tmp
+
+
+def check_metrics(r: Rendered) -> None:
+    """Scraped exactly one way: prometheus.io annotations or a ServiceMonitor."""
+    annotations = r.deployment["spec"]["template"]["metadata"].get("annotations") or {}
+    monitors = r.of_kind("ServiceMonitor")
+    if "servicemonitor" in r.variant.components:
+        assert len(monitors) == 1
+        assert "prometheus.io/scrape" not in annotations
+        monitor = monitors[0]["spec"]
+        service = r.named("Service", "inference-engine-coordinator")
+        labels = service["metadata"]["labels"]
+        for key, value in monitor["selector"]["matchLabels"].items():
+            assert labels.get(key) == value, f"ServiceMonitor selects {key}={value}"
+        port_names = {p["name"] for p in service["spec"]["ports"]}
+        for endpoint in monitor["endpoints"]:
+            assert endpoint["port"] in port_names
+            assert endpoint["path"] == "/metrics"
+    else:
+        assert not monitors
+        assert annotations.get("prometheus.io/scrape") == "true"
+        assert annotations.get("prometheus.io/port") == str(r.port)
+        assert annotations.get("prometheus.io/path") == "/metrics"
+
+
+def check_coordinator_service(r: Rendered) -> None:
+    """Routers find every coordinator, draining ones included."""
+    service = r.named("Service", "inference-engine-coordinator")["spec"]
+    assert service.get("clusterIP") == "None"
+    assert service.get("publishNotReadyAddresses") is True
+    labels = r.deployment["spec"]["template"]["metadata"]["labels"]
+    for key, value in service["selector"].items():
+        assert labels.get(key) == value
+
+
+def check_adoption(r: Rendered) -> None:
+    """Adoption patterns match the engine's command line and never the hook or coordinator."""
+    raw = r.settings.get("SHUTDOWN_COORDINATOR_ADOPT_PATTERNS")
+    if r.variant.engine.startswith("adopted"):
+        assert raw, "an unmodified engine is drained only if it is adopted"
+    if not raw:
+        return
+    patterns = [re.compile(p.strip()) for p in raw.split(",") if p.strip()]
+    engine = shlex.join([*(r.engine.get("command") or []), *(r.engine.get("args") or [])])
+    never = [
+        shlex.join(r.engine["lifecycle"]["preStop"].get("exec", {}).get("command") or []),
+        shlex.join(["python3", "/opt/shutdown-coordinator/hook/" + HOOK_SCRIPT]),
+        shlex.join(["/usr/local/bin/shutdown-coordinator", *r.coordinator.get("args", [])]),
+    ]
+    assert any(p.search(engine) for p in patterns), f"{raw!r} misses {engine!r}"
+    for line in never:
+        if line:
+            assert not any(p.search(line) for p in patterns), f"{raw!r} matches {line!r}"
+
+
+CHECKS: dict[str, Callable[[Rendered], None]] = {
+    "budget": check_budget,
+    "port": check_port,
+    "prestop": check_prestop_targets_drain,
+    "token": check_token_wiring,
+    "sidecar": check_sidecar,
+    "process-namespace": check_process_namespace,
+    "probes": check_probes,
+    "security-context": check_security_context,
+    "writable-paths": check_writable_paths,
+    "metrics": check_metrics,
+    "coordinator-service": check_coordinator_service,
+    "adoption": check_adoption,
+}
