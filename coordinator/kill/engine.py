@@ -1,0 +1,240 @@
+"""The ordered graceful kill, as numbered steps.
+
+1. Refuse protected targets (PID 1, ourselves, our ancestors) before anything is signalled.
+2. Enumerate the trees; open a pidfd per process, then verify its identity (start time).
+3. Resume what a previous run (a restarted coordinator) had already signalled.
+4. Plan the tiers of what is still unsignalled; take the first (deepest first, roots last).
+5. Signal the tier; wait on exit events, up to the tier's timeout cut to the deadline.
+6. SIGKILL the tier's stragglers and confirm they are gone.
+7. Re-enumerate the trees (forks during the kill join the plan); back to 4 until no process is
+   left unsignalled and no new PID appears.
+8. Report each process's fate: late exit codes, survivors, pidfds closed.
+
+Force mode replaces 4-6 with SIGKILL for everything found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Iterable, Sequence
+
+from coordinator.kill import pidfd, safety, tiers
+from coordinator.kill.policy import KillPolicy, Target
+from coordinator.kill.report import KillReport
+from coordinator.kill.table import OnUpdate, PriorOutcomes, ProcessTable, Tracked
+from coordinator.kill.watch import ExitWatcher
+
+MIN_CONFIRM_S = 0.05
+"""A SIGKILLed process still needs a moment to die; even past the deadline we give it this
+much before calling it ``survived``."""
+
+MAX_SWEEPS_PAST_DEADLINE = 3
+"""Past the deadline, new forks are SIGKILLed for at most this many more sweeps, so a fork
+loop cannot keep the kill running forever."""
+
+
+async def terminate(
+    targets: Iterable[Target],
+    policy: KillPolicy | None = None,
+    *,
+    on_update: OnUpdate | None = None,
+    prior: PriorOutcomes | None = None,
+) -> KillReport:
+    """Terminate ``targets`` and their process trees; return every process's fate.
+
+    Raises ``coordinator.errors.RefusedTarget`` (before signalling anything) when a target is
+    PID 1, the calling process or one of its ancestors. A target that does not exist, or
+    whose start time no longer matches, is reported ``gone``.
+    """
+    return await KillRun(list(targets), policy or KillPolicy(), on_update, prior).run()
+
+
+class Terminator:
+    """Runs one kill at a time: a call made while a kill runs joins it and gets its report.
+
+    The joining call's own arguments are ignored: the kubelet's hooks and an operator's
+    retry are at-least-once calls for the same kill.
+    """
+
+    def __init__(self) -> None:
+        self._task: asyncio.Task[KillReport] | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._task is not None and not self._task.done()
+
+    async def run(
+        self,
+        targets: Iterable[Target],
+        policy: KillPolicy | None = None,
+        *,
+        on_update: OnUpdate | None = None,
+        prior: PriorOutcomes | None = None,
+    ) -> KillReport:
+        """Start a kill, or join the one in progress."""
+        if not self.running:
+            coro = terminate(targets, policy, on_update=on_update, prior=prior)
+            self._task = asyncio.ensure_future(coro)
+        assert self._task is not None
+        # One caller being cancelled must not cancel the kill the others wait on.
+        return await asyncio.shield(self._task)
+
+
+class KillRun:
+    """One kill, from refusal checks to the report."""
+
+    def __init__(
+        self,
+        targets: Sequence[Target],
+        policy: KillPolicy,
+        on_update: OnUpdate | None = None,
+        prior: PriorOutcomes | None = None,
+        *,
+        use_pidfd: bool | None = None,
+    ) -> None:
+        self.targets = targets
+        self.policy = policy
+        self.on_update = on_update
+        self.prior = prior
+        support = pidfd.support()
+        self.use_pidfd = support.pidfd if use_pidfd is None else use_pidfd and support.pidfd
+        self.report = KillReport(
+            started_at=time.time(), mode="force" if policy.force else "graceful"
+        )
+        if self.use_pidfd:
+            self.report.exit_detection = "pidfd"
+            self.report.exit_codes_from = "waitid+pidfd_info" if support.exit_info else "waitid"
+            if not support.exit_info:
+                self.report.notes.append(
+                    "exit codes of processes that are not our children are known only while "
+                    f"they are zombies ({support.detail})"
+                )
+        else:
+            self.report.exit_detection = "poll"
+            self.report.exit_codes_from = "waitid"
+            why = support.detail or "disabled"
+            self.report.notes.append(f"pidfds unavailable ({why}): exits found by polling /proc")
+        self.deadline_at = time.monotonic() + policy.deadline_s
+        self.reserve_s = tiers.confirm_reserve(policy.deadline_s, policy.confirm_s)
+
+    async def run(self) -> KillReport:
+        # Step 1: refuse protected targets before anything is signalled.
+        protected = safety.check_targets(t.pid for t in self.targets)
+        self.table = ProcessTable(
+            self.targets,
+            protected=protected,
+            use_pidfd=self.use_pidfd,
+            on_update=self.on_update,
+            prior=self.prior,
+            started_at=self.report.started_at,
+        )
+        self.watcher = ExitWatcher(self.table.mark_exited, use_pidfd=self.use_pidfd)
+        self.table.set_watch(lambda t: self.watcher.watch(t.outcome.pid, t.fd, t.start_ticks))
+        try:
+            # Step 2: enumerate, open pidfds, verify identity.
+            self.table.add_roots()
+            self.table.discover()
+            # Step 3: continue the tiers a previous run had started.
+            await self._resume_prior()
+            await self._run_tiers()
+        finally:
+            # Step 8: settle and report.
+            self.watcher.close()
+            self.table.finish(self.table.prior_not_found())
+            self.report.processes = self.table.outcomes
+            self.report.notes += self.table.notes
+            self.report.ended_at = time.time()
+        return self.report
+
+    async def _run_tiers(self) -> None:
+        sweeps_past_deadline = 0
+        while True:
+            pending = self.table.unsignalled()
+            if not pending:
+                # Step 7: done only when a fresh enumeration finds nothing new either.
+                if not self.table.discover():
+                    return
+                continue
+            if self.policy.force:
+                await self._kill(pending, "force", "force mode: SIGKILL only")
+            elif time.monotonic() >= self.deadline_at:
+                sweeps_past_deadline += 1
+                await self._kill(pending, "deadline", "found after the deadline")
+                if sweeps_past_deadline >= MAX_SWEEPS_PAST_DEADLINE:
+                    return
+            else:
+                # Step 4: the first tier of what is left.
+                await self._run_tier(self._plan(pending)[0])
+            self.table.discover()
+
+    def _plan(self, members: Iterable[Tracked]) -> list[tiers.PlannedTier]:
+        specs = {t.pid: (*t.tiers, *self.policy.extra_tiers) for t in self.targets}
+        return tiers.plan_tiers(
+            [m.member for m in members],
+            specs,
+            default_signal=self.policy.signal,
+            default_timeout_s=self.policy.tier_timeout_s,
+        )
+
+    async def _run_tier(self, tier: tiers.PlannedTier) -> None:
+        members = [self.table.live[pid] for pid in tier.pids]
+        now = time.monotonic()
+        wait_s = tiers.graceful_wait_s(
+            now=now,
+            tier_started_at=now,
+            timeout_s=tier.timeout_s,
+            deadline_at=self.deadline_at,
+            reserve_s=self.reserve_s,
+        )
+        if wait_s <= 0:
+            await self._kill(members, tier.name, "no time left for a graceful exit")
+            return
+        # Step 5: signal, then wait on exit events.
+        for t, (_, sig) in zip(members, tier.signals, strict=True):
+            self.table.signal_graceful(t, sig, tier.name)
+        if await self.watcher.wait(set(tier.pids), wait_s):
+            return
+        # Step 6: SIGKILL stragglers, confirm.
+        stragglers = [t for t in members if not t.exited]
+        sig_name = signal.Signals(tier.signals[0][1]).name
+        why = f"still running {wait_s:.3g}s after {sig_name}"
+        await self._kill(stragglers, tier.name, why)
+
+    async def _kill(self, members: Sequence[Tracked], tier: str, why: str) -> None:
+        for t in members:
+            self.table.sigkill(t, tier, why)
+        confirm_s = tiers.confirm_wait_s(
+            now=time.monotonic(), deadline_at=self.deadline_at, confirm_s=self.policy.confirm_s
+        )
+        await self.watcher.wait({t.outcome.pid for t in members}, max(confirm_s, MIN_CONFIRM_S))
+
+    async def _resume_prior(self) -> None:
+        """Processes a previous run signalled keep their tier's clock; none is signalled twice."""
+        resumed = [t for t in self.table.live.values() if t.signalled and not t.exited]
+        if not resumed:
+            return
+        self.table.notes.append(
+            f"resumed {len(resumed)} process(es) signalled by a previous run"
+        )
+        for tier in self._plan(resumed):
+            members = [self.table.live[pid] for pid in tier.pids]
+            killed = [t for t in members if t.outcome.killed_at is not None]
+            if killed:
+                await self._kill(killed, tier.name, "SIGKILLed by a previous run")
+            waiting = [t for t in members if t.outcome.killed_at is None]
+            if not waiting:
+                continue
+            first = min(t.outcome.signalled_at or time.time() for t in waiting)
+            now = time.monotonic()
+            wait_s = tiers.graceful_wait_s(
+                now=now,
+                tier_started_at=now - (time.time() - first),
+                timeout_s=tier.timeout_s,
+                deadline_at=self.deadline_at,
+                reserve_s=self.reserve_s,
+            )
+            if not await self.watcher.wait({t.outcome.pid for t in waiting}, wait_s):
+                stragglers = [t for t in waiting if not t.exited]
+                await self._kill(stragglers, tier.name, "outlived its tier across a restart")

@@ -1,0 +1,170 @@
+"""Process facts read from ``/proc``: identity (start time), parent, group, name, command line.
+
+Start times are computed exactly as psutil's ``Process.create_time()`` does (``starttime``
+clock ticks since boot divided by ``SC_CLK_TCK``, plus ``btime`` from ``/proc/stat``), so a
+start time recorded by psutil elsewhere compares equal to one read here. Reading ``/proc``
+directly instead of going through psutil keeps a whole-system scan cheap enough to repeat
+between tiers while hundreds of processes are shutting down.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+START_TIME_TOLERANCE_S = 0.5 / CLOCK_TICKS
+"""Two start times closer than half a clock tick are the same: the kernel keeps them in
+ticks, so any two readers of the same process agree to well within this."""
+
+PROC = "/proc"
+
+
+@dataclass(frozen=True, slots=True)
+class ProcStat:
+    """The fields of ``/proc/<pid>/stat`` the kill engine needs."""
+
+    pid: int
+    name: str
+    """``comm``: the executable name, at most 15 characters."""
+    state: str
+    """One letter: ``R``, ``S``, ``D``, ``Z`` (zombie: exited, not yet reaped), ..."""
+    ppid: int
+    pgid: int
+    sid: int
+    start_ticks: int
+    """Clock ticks from boot to the process's creation; never changes for a process."""
+    exit_status: int | None
+    """Raw wait status (as ``waitpid`` gives it) once the process is a zombie; else None."""
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ("Z", "X")
+
+    def start_time(self, boot: float) -> float:
+        """Start time in epoch seconds, given ``boot_time()``."""
+        return self.start_ticks / CLOCK_TICKS + boot
+
+
+def boot_time() -> float:
+    """System boot time (epoch seconds), as psutil reads it."""
+    with open(f"{PROC}/stat", "rb") as f:
+        for line in f:
+            if line.startswith(b"btime"):
+                return float(line.split()[1])
+    raise RuntimeError("no btime line in /proc/stat")
+
+
+def parse_stat(text: str) -> ProcStat:
+    """Parse the text of ``/proc/<pid>/stat``.
+
+    ``comm`` sits in parentheses and may itself contain spaces and parentheses, so the
+    fields after it are found from the last ``)``.
+    """
+    open_at = text.index("(")
+    close_at = text.rindex(")")
+    pid = int(text[:open_at])
+    name = text[open_at + 1 : close_at]
+    rest = text[close_at + 2 :].split()
+    # rest[0] is field 3 (state); field N is rest[N - 3].
+    exit_field = rest[52 - 3] if len(rest) > 52 - 3 else "0"
+    state = rest[0]
+    return ProcStat(
+        pid=pid,
+        name=name,
+        state=state,
+        ppid=int(rest[4 - 3]),
+        pgid=int(rest[5 - 3]),
+        sid=int(rest[6 - 3]),
+        start_ticks=int(rest[22 - 3]),
+        exit_status=int(exit_field) if state in ("Z", "X") else None,
+    )
+
+
+def read_stat(pid: int) -> ProcStat | None:
+    """The process's stat, or None when no process has that PID."""
+    try:
+        with open(f"{PROC}/{pid}/stat") as f:
+            text = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        # ESRCH while the process is being torn down reads as "gone" as well.
+        return None
+    return parse_stat(text)
+
+
+def start_time(pid: int) -> float | None:
+    """The process's start time (epoch seconds, psutil's ``create_time``), None if gone."""
+    stat = read_stat(pid)
+    return None if stat is None else stat.start_time(boot_time())
+
+
+def same_start(a: float, b: float) -> bool:
+    """True when two start times denote the same process creation."""
+    return abs(a - b) < START_TIME_TOLERANCE_S
+
+
+def cmdline(pid: int) -> str:
+    """The command line joined by spaces; empty for kernel threads, zombies, or when gone."""
+    try:
+        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return ""
+    return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
+
+
+def snapshot() -> dict[int, ProcStat]:
+    """Every process on the system right now, by PID (one pass over ``/proc``)."""
+    out: dict[int, ProcStat] = {}
+    for entry in os.listdir(PROC):
+        if not entry.isdigit():
+            continue
+        stat = read_stat(int(entry))
+        if stat is not None:
+            out[stat.pid] = stat
+    return out
+
+
+def children_by_parent(procs: Iterable[ProcStat]) -> dict[int, list[int]]:
+    """Map each PID to the PIDs whose parent it is."""
+    out: dict[int, list[int]] = {}
+    for p in procs:
+        out.setdefault(p.ppid, []).append(p.pid)
+    return out
+
+
+def descendants(
+    pid: int, procs: Mapping[int, ProcStat], kids: Mapping[int, list[int]] | None = None
+) -> list[tuple[int, int]]:
+    """``(pid, depth)`` of every descendant of ``pid`` in ``procs``, breadth first."""
+    kids = children_by_parent(procs.values()) if kids is None else kids
+    out: list[tuple[int, int]] = []
+    frontier = deque([(pid, 0)])
+    seen = {pid}
+    while frontier:
+        parent, depth = frontier.popleft()
+        for child in kids.get(parent, ()):
+            if child not in seen:
+                seen.add(child)
+                out.append((child, depth + 1))
+                frontier.append((child, depth + 1))
+    return out
+
+
+def ancestors(pid: int | None = None) -> list[int]:
+    """The parent chain of ``pid`` (default: the calling process), nearest first, up to PID 1."""
+    current = os.getpid() if pid is None else pid
+    out: list[int] = []
+    seen = {current}
+    while True:
+        stat = read_stat(current)
+        if stat is None or stat.ppid <= 0 or stat.ppid in seen:
+            return out
+        out.append(stat.ppid)
+        seen.add(stat.ppid)
+        current = stat.ppid

@@ -1,0 +1,407 @@
+"""The processes of one kill: how each was found, its pidfd, and its outcome so far.
+
+Discovery always opens the pidfd *before* checking identity: if the start time read after
+opening still matches, the pidfd refers to the expected process, and every later signal goes
+through that pidfd, so a PID recycled in the meantime is never signalled.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from coordinator.kill import pidfd, procfs
+from coordinator.kill.policy import Target
+from coordinator.kill.report import Fate, ProcessOutcome
+from coordinator.kill.tiers import Member
+
+log = logging.getLogger(__name__)
+
+OnUpdate = Callable[[ProcessOutcome], object]
+PriorOutcomes = (
+    Mapping[tuple[int, float], ProcessOutcome] | Mapping[tuple[int, float | None], ProcessOutcome]
+)
+"""``{(pid, start_time): outcome}`` from a previous run; matched on the outcomes' own pid and
+start time."""
+
+
+@dataclass
+class Tracked:
+    """One live process the kill is responsible for."""
+
+    outcome: ProcessOutcome
+    member: Member
+    start_ticks: int
+    pgid: int
+    fd: int | None
+    exited: bool = False
+
+    @property
+    def signalled(self) -> bool:
+        return self.outcome.signalled_at is not None or self.outcome.killed_at is not None
+
+
+class ProcessTable:
+    """Discovers the targets' trees and keeps every process's outcome up to date."""
+
+    def __init__(
+        self,
+        targets: Iterable[Target],
+        *,
+        protected: frozenset[int],
+        use_pidfd: bool,
+        on_update: OnUpdate | None,
+        prior: PriorOutcomes | None,
+        started_at: float,
+    ) -> None:
+        self.targets = {t.pid: t for t in targets}
+        self.protected = protected
+        self.use_pidfd = use_pidfd
+        self.on_update = on_update
+        self.started_at = started_at
+        self.live: dict[int, Tracked] = {}
+        """Processes with an identity we verified, keyed by PID, in discovery order."""
+        self.outcomes: list[ProcessOutcome] = []
+        self.notes: list[str] = []
+        self._prior: dict[int, list[ProcessOutcome]] = {}
+        for outcome in (prior or {}).values():
+            self._prior.setdefault(outcome.pid, []).append(outcome)
+        self._own_pgid = os.getpgid(0)
+        self._started_boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
+        self._watch: Callable[[Tracked], None] = lambda _t: None
+
+    def set_watch(self, watch: Callable[[Tracked], None]) -> None:
+        """Called for every newly tracked process (the engine registers it for exit events)."""
+        self._watch = watch
+
+    # --- updates -------------------------------------------------------------------------
+
+    def publish(self, outcome: ProcessOutcome) -> None:
+        """Tell ``on_update`` that ``outcome`` changed; its errors never stop the kill."""
+        if self.on_update is None:
+            return
+        try:
+            self.on_update(outcome)
+        except Exception:
+            log.exception("on_update callback failed for pid %s", outcome.pid)
+
+    def _record(self, outcome: ProcessOutcome) -> None:
+        self.outcomes.append(outcome)
+        self.publish(outcome)
+
+    # --- discovery -----------------------------------------------------------------------
+
+    def add_roots(self) -> None:
+        """Step 2a: open and verify each target's root process."""
+        boot = procfs.boot_time()
+        for target in self.targets.values():
+            member = Member(target.pid, None, 0, "", "", target.role, target.pid)
+            self._admit(target.pid, member, expected_start=target.start_time, boot=boot)
+
+    def discover(self) -> list[int]:
+        """Step 2b: one pass over ``/proc``; track every new process of the trees.
+
+        A process belongs to a tree when its parent is a tracked, still-verified process of
+        that tree, or when it was born during the kill into the process group of a tracked
+        process and its parent is not tracked (a fork whose parent exited and left it to be
+        reparented). Returns the PIDs newly tracked.
+        """
+        snap = procfs.snapshot()
+        boot = procfs.boot_time()
+        kids = procfs.children_by_parent(snap.values())
+        new: list[int] = []
+        frontier = [
+            t
+            for t in self.live.values()
+            if self.targets.get(t.member.root_pid, Target(0)).include_tree
+            and (s := snap.get(t.member.pid)) is not None
+            and s.start_ticks == t.start_ticks
+        ]
+        while True:
+            while frontier:
+                parent = frontier.pop()
+                for child in kids.get(parent.member.pid, ()):
+                    admitted = self._admit_child(child, snap, parent, boot)
+                    if admitted is not None:
+                        new.append(child)
+                        frontier.append(admitted)
+            frontier = self._orphans_of_groups(snap, boot)
+            if not frontier:
+                return new
+            new += [t.member.pid for t in frontier]
+
+    def _admit_child(
+        self, pid: int, snap: Mapping[int, procfs.ProcStat], parent: Tracked, boot: float
+    ) -> Tracked | None:
+        if pid in self.live or pid in self.protected:
+            return None
+        seen = snap[pid]
+        member = Member(
+            pid, parent.member.pid, parent.member.depth + 1, seen.name, "", None,
+            parent.member.root_pid,
+        )
+        return self._admit(pid, member, expected_ticks=seen.start_ticks, boot=boot)
+
+    def _orphans_of_groups(
+        self, snap: Mapping[int, procfs.ProcStat], boot: float
+    ) -> list[Tracked]:
+        groups: dict[int, Tracked] = {}
+        for t in self.live.values():
+            if t.pgid in (0, 1, self._own_pgid):
+                continue
+            if t.pgid not in groups or t.member.depth > groups[t.pgid].member.depth:
+                groups[t.pgid] = t
+        if not groups:
+            return []
+        # Compared in the kernel's own clock: start ticks count from boot (CLOCK_BOOTTIME),
+        # while the epoch start time is off by the fraction of a second btime drops.
+        cutoff = self._started_boot_s - 1.0 / procfs.CLOCK_TICKS
+        found: list[Tracked] = []
+        for stat in snap.values():
+            deepest = groups.get(stat.pgid)
+            if deepest is None or stat.pid in self.live or stat.pid in self.protected:
+                continue
+            parent = self.live.get(stat.ppid)
+            if parent is not None and not parent.exited:
+                continue  # found through its parent instead
+            if stat.start_ticks / procfs.CLOCK_TICKS < cutoff:
+                continue
+            member = Member(
+                stat.pid, stat.ppid, deepest.member.depth + 1, stat.name, "", None,
+                deepest.member.root_pid,
+            )
+            admitted = self._admit(stat.pid, member, expected_ticks=stat.start_ticks, boot=boot)
+            if admitted is not None:
+                admitted.outcome.detail = "born during the kill, reparented away from its tree"
+                found.append(admitted)
+        return found
+
+    def _admit(
+        self,
+        pid: int,
+        member: Member,
+        *,
+        boot: float,
+        expected_start: float | None = None,
+        expected_ticks: int | None = None,
+    ) -> Tracked | None:
+        """Open a pidfd, then verify identity; track the process or report it ``gone``."""
+        fd, found = self._open(pid)
+        stat = procfs.read_stat(pid)
+        if stat is None or not found:
+            self._close(fd)
+            if member.is_root:
+                self._gone(pid, member, None, "no such process")
+            return None
+        start = stat.start_time(boot)
+        if expected_ticks is not None and stat.start_ticks != expected_ticks:
+            # The process we saw in the scan ended and its PID was reused: not ours.
+            self._close(fd)
+            return None
+        if expected_start is not None and not procfs.same_start(start, expected_start):
+            self._close(fd)
+            self._gone(pid, member, start, "PID reused: start time differs from the target's")
+            return None
+        name = stat.name
+        member = Member(
+            pid, member.parent_pid if member.parent_pid is not None else stat.ppid,
+            member.depth, name, procfs.cmdline(pid), member.role, member.root_pid,
+        )
+        outcome = ProcessOutcome(
+            pid=pid,
+            name=name,
+            start_time=start,
+            cmdline=member.cmdline,
+            root_pid=member.root_pid,
+            parent_pid=member.parent_pid,
+            depth=member.depth,
+            role=member.role,
+        )
+        already_exited = stat.zombie or (fd is not None and pidfd.has_exited(fd))
+        if already_exited:
+            outcome.fate = Fate.GONE
+            outcome.detail = "had already exited (a zombie) when found"
+            outcome.exit_code = self._exit_code(fd, pid, stat.start_ticks)
+            self._close(fd)
+            self._record(outcome)
+            return None
+        tracked = Tracked(outcome, member, stat.start_ticks, stat.pgid, fd)
+        self._apply_prior(tracked)
+        self.live[pid] = tracked
+        self._record(outcome)
+        self._watch(tracked)
+        return tracked
+
+    def _open(self, pid: int) -> tuple[int | None, bool]:
+        """A pidfd for ``pid`` (None without pidfds) and whether the process exists."""
+        if not self.use_pidfd:
+            return None, True
+        try:
+            return os.pidfd_open(pid), True
+        except ProcessLookupError:
+            return None, False
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Out of file descriptors: this process is watched by polling instead.
+            note = "file descriptor limit reached: some processes are polled, not pidfd-watched"
+            if note not in self.notes:
+                self.notes.append(note)
+            return None, True
+
+    def _apply_prior(self, tracked: Tracked) -> None:
+        """A restarted coordinator: keep what the previous run already did to this process."""
+        assert tracked.outcome.start_time is not None
+        for before in self._prior.get(tracked.outcome.pid, ()):
+            if before.start_time is None or not procfs.same_start(
+                before.start_time, tracked.outcome.start_time
+            ):
+                continue
+            now = tracked.outcome
+            now.tier, now.signal = before.tier, before.signal
+            now.signalled_at, now.killed_at = before.signalled_at, before.killed_at
+            if before.role and not now.role:
+                now.role = before.role
+            return
+
+    def _gone(self, pid: int, member: Member, start: float | None, why: str) -> None:
+        self._record(
+            ProcessOutcome(
+                pid=pid,
+                name=member.name,
+                start_time=start,
+                root_pid=member.root_pid,
+                depth=member.depth,
+                role=member.role,
+                fate=Fate.GONE,
+                detail=why,
+            )
+        )
+
+    # --- acting on processes -------------------------------------------------------------
+
+    def send(self, t: Tracked, sig: int) -> bool:
+        """Signal a tracked process through its pidfd; False when it already exited."""
+        if t.exited:
+            return False
+        if t.fd is not None:
+            return pidfd.send_signal(t.fd, sig)
+        # Polling fallback: the start-time check narrows, but cannot close, the reuse race.
+        stat = procfs.read_stat(t.outcome.pid)
+        if stat is None or stat.zombie or stat.start_ticks != t.start_ticks:
+            return False
+        try:
+            os.kill(t.outcome.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def signal_graceful(self, t: Tracked, sig: int, tier: str) -> None:
+        """Send the tier's graceful signal once and record it."""
+        if t.signalled:
+            return
+        t.outcome.tier = tier
+        t.outcome.signal = signal.Signals(sig).name
+        t.outcome.signalled_at = time.time()
+        self.send(t, sig)
+        self.publish(t.outcome)
+
+    def sigkill(self, t: Tracked, tier: str, why: str) -> None:
+        """SIGKILL a process that outlived its time (or force mode)."""
+        if t.exited:
+            return
+        t.outcome.tier = t.outcome.tier or tier
+        if t.outcome.killed_at is None:
+            t.outcome.killed_at = time.time()
+        t.outcome.detail = why
+        self.send(t, signal.SIGKILL)
+        self.publish(t.outcome)
+
+    def mark_exited(self, pid: int) -> None:
+        """The process exited (its pidfd turned readable): settle its fate."""
+        t = self.live.get(pid)
+        if t is None or t.exited:
+            return
+        t.exited = True
+        out = t.outcome
+        out.ended_at = time.time()
+        out.exit_code = self._exit_code(t.fd, pid, t.start_ticks)
+        first_signal = out.signalled_at or out.killed_at
+        if first_signal is not None:
+            out.elapsed_ms = round((out.ended_at - first_signal) * 1000.0, 3)
+        if out.killed_at is not None and out.exit_code in (None, -signal.SIGKILL):
+            out.fate = Fate.KILLED
+        else:
+            out.fate = Fate.EXITED
+            if first_signal is None:
+                out.detail = "exited before it was signalled"
+        self.publish(out)
+
+    def _exit_code(self, fd: int | None, pid: int, start_ticks: int) -> int | None:
+        if fd is not None:
+            return pidfd.exit_code(fd, pid, start_ticks)
+        code = pidfd.child_exit_code(pid, by_pid=True)
+        if code is not None:
+            return code
+        stat = procfs.read_stat(pid)
+        if stat is not None and stat.start_ticks == start_ticks and stat.exit_status is not None:
+            return os.waitstatus_to_exitcode(stat.exit_status)
+        return None
+
+    def unsignalled(self) -> list[Tracked]:
+        return [t for t in self.live.values() if not t.exited and not t.signalled]
+
+    def running(self) -> list[Tracked]:
+        return [t for t in self.live.values() if not t.exited]
+
+    # --- the end -------------------------------------------------------------------------
+
+    def finish(self, prior_only: Iterable[ProcessOutcome]) -> None:
+        """Late exit codes, survivors, and closing every pidfd."""
+        for t in self.live.values():
+            out = t.outcome
+            if t.exited and out.exit_code is None and t.fd is not None:
+                out.exit_code = pidfd.exit_code(t.fd, out.pid, t.start_ticks)
+            if not t.exited:
+                out.fate = Fate.SURVIVED
+                out.detail = out.detail or "still running at the deadline"
+                self.publish(out)
+            self._close(t.fd)
+            t.fd = None
+        for before in prior_only:
+            self._record(before)
+
+    def prior_not_found(self) -> list[ProcessOutcome]:
+        """Outcomes of the previous run whose processes this run did not find alive."""
+        out: list[ProcessOutcome] = []
+        for pid, befores in self._prior.items():
+            for before in befores:
+                if any(
+                    o.pid == pid
+                    and o.start_time is not None
+                    and before.start_time is not None
+                    and procfs.same_start(o.start_time, before.start_time)
+                    for o in self.outcomes
+                ):
+                    continue
+                settled = ProcessOutcome.from_dict(before.to_dict())
+                if not settled.fate.final:
+                    if settled.killed_at is not None:
+                        settled.fate = Fate.KILLED
+                    elif settled.signalled_at is not None:
+                        settled.fate = Fate.EXITED
+                    else:
+                        settled.fate = Fate.GONE
+                    settled.detail = "ended while no coordinator was watching it"
+                out.append(settled)
+        return out
+
+    @staticmethod
+    def _close(fd: int | None) -> None:
+        if fd is not None:
+            os.close(fd)

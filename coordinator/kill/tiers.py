@@ -1,0 +1,168 @@
+"""Pure tier planning: which process goes in which tier, in which order, and for how long.
+
+Nothing here touches a process or a clock; the engine passes in what it discovered and the
+current time, so every rule is tested as a plain function.
+
+Order of a plan:
+
+1. declared tiers (each target's own ``TierSpec``s, then the policy's ``extra_tiers``), in the
+   order they were declared; tiers of the same name from several targets run together;
+2. every other non-root process by depth, deepest first (``depth-3``, ``depth-2``, ...), so a
+   parent never dies before its ``PR_SET_PDEATHSIG`` children finished their cleanup;
+3. the roots (``roots``), last, so the registered main process can exit 0.
+
+A root never joins a declared tier's place in the order, but a declared tier that matches it
+lends it its signal and timeout.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from coordinator.kill.policy import TierSpec
+
+ROOTS_TIER = "roots"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A discovered process, as the planner sees it."""
+
+    pid: int
+    parent_pid: int | None
+    depth: int
+    """0 for a root, 1 for its children, and so on."""
+    name: str
+    cmdline: str
+    role: str | None
+    root_pid: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.depth == 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedTier:
+    """One step of the kill: signal these processes, wait up to ``timeout_s``."""
+
+    name: str
+    timeout_s: float
+    signals: tuple[tuple[int, int], ...]
+    """``(pid, signal)`` for each member, in discovery order."""
+
+    @property
+    def pids(self) -> tuple[int, ...]:
+        return tuple(pid for pid, _ in self.signals)
+
+
+def depth_tier_name(depth: int) -> str:
+    return f"depth-{depth}"
+
+
+def matches(spec: TierSpec, member: Member) -> bool:
+    """True when ``member`` belongs to ``spec`` by role or by pattern."""
+    if member.role is not None and member.role in spec.roles:
+        return True
+    if spec.pattern is not None:
+        return re.search(spec.pattern, f"{member.name} {member.cmdline}") is not None
+    return False
+
+
+def match_tier(member: Member, specs: Sequence[TierSpec]) -> TierSpec | None:
+    """The first tier of ``specs`` that ``member`` belongs to."""
+    for spec in specs:
+        if matches(spec, member):
+            return spec
+    return None
+
+
+def plan_tiers(
+    members: Iterable[Member],
+    specs_by_root: Mapping[int, Sequence[TierSpec]],
+    *,
+    default_signal: int,
+    default_timeout_s: float,
+) -> list[PlannedTier]:
+    """Order ``members`` into tiers (see the module docstring). Empty tiers are left out.
+
+    ``specs_by_root`` gives, for each root PID, the tiers that apply to its tree (its own
+    tiers followed by the policy's extra tiers).
+    """
+    declared_order: list[str] = []
+    declared: dict[str, list[tuple[int, int]]] = {}
+    declared_timeout: dict[str, float] = {}
+    by_depth: dict[int, list[tuple[int, int]]] = {}
+    roots: list[tuple[int, int]] = []
+    roots_timeout: float | None = None
+
+    for spec_list in specs_by_root.values():
+        for declared_spec in spec_list:
+            name, timeout_s = declared_spec.name, declared_spec.timeout_s
+            if name not in declared:
+                declared_order.append(name)
+                declared[name] = []
+                declared_timeout[name] = timeout_s
+            else:
+                declared_timeout[name] = max(declared_timeout[name], timeout_s)
+
+    for member in members:
+        spec = match_tier(member, specs_by_root.get(member.root_pid, ()))
+        if member.is_root:
+            sig = spec.signal if spec else default_signal
+            timeout = spec.timeout_s if spec else default_timeout_s
+            roots.append((member.pid, sig))
+            roots_timeout = timeout if roots_timeout is None else max(roots_timeout, timeout)
+        elif spec is not None:
+            declared[spec.name].append((member.pid, spec.signal))
+        else:
+            by_depth.setdefault(member.depth, []).append((member.pid, default_signal))
+
+    plan = [
+        PlannedTier(name, declared_timeout[name], tuple(declared[name]))
+        for name in declared_order
+        if declared[name]
+    ]
+    plan += [
+        PlannedTier(depth_tier_name(depth), default_timeout_s, tuple(by_depth[depth]))
+        for depth in sorted(by_depth, reverse=True)
+    ]
+    if roots:
+        timeout = default_timeout_s if roots_timeout is None else roots_timeout
+        plan.append(PlannedTier(ROOTS_TIER, timeout, tuple(roots)))
+    return plan
+
+
+def confirm_reserve(deadline_s: float, confirm_s: float) -> float:
+    """Seconds kept back from graceful waiting so SIGKILL and its confirmation fit the deadline.
+
+    The confirmation wait, but never more than a fifth of the whole budget: a short deadline
+    still leaves most of its time to graceful exits.
+    """
+    return max(0.0, min(confirm_s, deadline_s / 5))
+
+
+def graceful_wait_s(
+    *,
+    now: float,
+    tier_started_at: float,
+    timeout_s: float,
+    deadline_at: float,
+    reserve_s: float,
+) -> float:
+    """How long a tier may still wait for graceful exits before SIGKILL.
+
+    The tier's timeout counts from ``tier_started_at`` (which may lie in the past, when a
+    restarted coordinator resumes a tier), and is cut to what is left of the overall deadline
+    minus the reserve for SIGKILL and its confirmation. Never negative.
+    """
+    tier_left = tier_started_at + timeout_s - now
+    budget_left = deadline_at - reserve_s - now
+    return max(0.0, min(tier_left, budget_left))
+
+
+def confirm_wait_s(*, now: float, deadline_at: float, confirm_s: float) -> float:
+    """How long to wait for SIGKILLed processes to vanish: ``confirm_s``, cut to the deadline."""
+    return max(0.0, min(confirm_s, deadline_at - now))

@@ -1,0 +1,128 @@
+"""Tier planning and deadline arithmetic, as pure functions."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping, Sequence
+
+import pytest
+
+from coordinator.kill.policy import TierSpec
+from coordinator.kill.tiers import (
+    ROOTS_TIER,
+    Member,
+    PlannedTier,
+    confirm_reserve,
+    confirm_wait_s,
+    graceful_wait_s,
+    match_tier,
+    plan_tiers,
+)
+
+
+def member(pid: int, depth: int, *, root: int = 100, name: str = "python", cmd: str = "",
+           role: str | None = None) -> Member:
+    return Member(pid, None if depth == 0 else root, depth, name, cmd, role, root)
+
+
+def plan(members: list[Member], specs: Mapping[int, Sequence[TierSpec]] | None = None,
+         ) -> list[PlannedTier]:
+    return plan_tiers(members, specs or {}, default_signal=signal.SIGTERM, default_timeout_s=10)
+
+
+def test_default_order_is_deepest_first_roots_last() -> None:
+    tiers = plan([member(100, 0), member(101, 1), member(102, 2), member(103, 1)])
+    assert [(t.name, t.pids) for t in tiers] == [
+        ("depth-2", (102,)),
+        ("depth-1", (101, 103)),
+        (ROOTS_TIER, (100,)),
+    ]
+    assert all(t.timeout_s == 10 for t in tiers)
+
+
+def test_several_roots_share_depth_tiers_and_end_together() -> None:
+    tiers = plan([member(100, 0), member(200, 0, root=200), member(201, 1, root=200),
+                  member(101, 1)])
+    assert [(t.name, t.pids) for t in tiers] == [("depth-1", (201, 101)), (ROOTS_TIER, (100, 200))]
+
+
+def test_declared_tiers_come_first_in_declared_order() -> None:
+    specs = (
+        TierSpec("detokenizer", pattern=r"detokenizer", timeout_s=2),
+        TierSpec("schedulers", pattern=r"scheduler", signal=signal.SIGINT, timeout_s=30),
+    )
+    tiers = plan(
+        [member(100, 0), member(101, 1, cmd="-m sim.scheduler"), member(102, 2),
+         member(103, 1, cmd="-m sim.detokenizer"), member(104, 1)],
+        {100: specs},
+    )
+    assert [(t.name, t.pids, t.timeout_s) for t in tiers] == [
+        ("detokenizer", (103,), 2),
+        ("schedulers", (101,), 30),
+        ("depth-2", (102,), 10),
+        ("depth-1", (104,), 10),
+        (ROOTS_TIER, (100,), 10),
+    ]
+    assert tiers[1].signals == ((101, signal.SIGINT),)
+
+
+def test_roles_match_and_a_matching_root_keeps_its_place_but_takes_the_tier_settings() -> None:
+    specs = {100: (TierSpec("main", roles=("worker",), signal=signal.SIGINT, timeout_s=40),)}
+    tiers = plan([member(100, 0, role="worker"), member(101, 1)], specs)
+    assert [(t.name, t.signals, t.timeout_s) for t in tiers] == [
+        ("depth-1", ((101, signal.SIGTERM),), 10),
+        (ROOTS_TIER, ((100, signal.SIGINT),), 40),
+    ]
+
+
+def test_tiers_apply_only_to_their_own_targets_tree() -> None:
+    specs = {100: (TierSpec("x", pattern="python"),)}
+    tiers = plan([member(100, 0), member(101, 1), member(201, 1, root=200),
+                  member(200, 0, root=200)], specs)
+    assert [(t.name, t.pids) for t in tiers] == [
+        ("x", (101,)), ("depth-1", (201,)), (ROOTS_TIER, (100, 200))
+    ]
+
+
+def test_same_named_tiers_of_two_targets_run_together_with_the_longer_timeout() -> None:
+    specs = {100: (TierSpec("s", pattern="sched", timeout_s=5),),
+             200: (TierSpec("s", pattern="sched", timeout_s=7),)}
+    tiers = plan([member(101, 1, cmd="sched"), member(201, 1, root=200, cmd="sched")], specs)
+    assert [(t.name, t.pids, t.timeout_s) for t in tiers] == [("s", (101, 201), 7)]
+
+
+def test_empty_and_unmatched_tiers_are_left_out() -> None:
+    assert plan([]) == []
+    specs = {100: (TierSpec("never", pattern="nomatch"),)}
+    assert [t.name for t in plan([member(100, 0)], specs)] == [ROOTS_TIER]
+
+
+def test_match_tier_takes_the_first_match() -> None:
+    a, b = TierSpec("a", pattern="x"), TierSpec("b", roles=("r",))
+    assert match_tier(member(1, 1, cmd="x", role="r"), (a, b)) is a
+    assert match_tier(member(1, 1, role="r"), (a, b)) is b
+    assert match_tier(member(1, 1), (a, b)) is None
+
+
+@pytest.mark.parametrize(
+    ("now", "started", "timeout", "deadline", "reserve", "expected"),
+    [
+        (0, 0, 10, 30, 2, 10),  # the tier's own timeout
+        (25, 25, 10, 30, 2, 3),  # cut to the deadline minus the reserve
+        (5, 0, 10, 30, 2, 5),  # a resumed tier keeps counting from its start
+        (12, 0, 10, 30, 2, 0),  # a resumed tier already past its timeout
+        (29, 29, 10, 30, 2, 0),  # inside the reserve: no graceful time at all
+    ],
+)
+def test_graceful_wait(now: float, started: float, timeout: float, deadline: float,
+                       reserve: float, expected: float) -> None:
+    assert graceful_wait_s(now=now, tier_started_at=started, timeout_s=timeout,
+                           deadline_at=deadline, reserve_s=reserve) == pytest.approx(expected)
+
+
+def test_confirm_reserve_and_wait() -> None:
+    assert confirm_reserve(30, 2) == 2
+    assert confirm_reserve(5, 2) == 1  # never more than a fifth of a short budget
+    assert confirm_wait_s(now=0, deadline_at=30, confirm_s=2) == 2
+    assert confirm_wait_s(now=29.5, deadline_at=30, confirm_s=2) == 0.5
+    assert confirm_wait_s(now=31, deadline_at=30, confirm_s=2) == 0
