@@ -40,9 +40,7 @@ def child_arg_parser(role: Role) -> argparse.ArgumentParser:
     parser.add_argument("--rank", type=int, default=None)
     parser.add_argument("--teardown-s", type=float, default=0.0)
     parser.add_argument("--ignore-sigterm", action="append", default=[], metavar="ROLE[:RANK]")
-    parser.add_argument(
-        "--fork-on-shutdown", action="append", default=[], metavar="ROLE[:RANK]"
-    )
+    parser.add_argument("--fork-on-shutdown", action="append", default=[], metavar="ROLE[:RANK]")
     parser.add_argument("--child-timeout-s", type=float, default=10.0)
     return parser
 
@@ -100,8 +98,12 @@ class ChildProcess:
         return self.clean_up()
 
     def describe(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "role": self.role.value, "rank": self.rank,
-                "ppid": os.getppid()}
+        return {
+            "pid": os.getpid(),
+            "role": self.role.value,
+            "rank": self.rank,
+            "ppid": os.getppid(),
+        }
 
     def start_own_processes(self) -> list[dict[str, Any]]:
         """Start processes of this child's own; returns what they reported."""

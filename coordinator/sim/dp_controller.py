@@ -52,8 +52,9 @@ class DataParallelController(ChildProcess):
             fd = open_pidfd(child.pid)
             if fd is not None:
                 self._pidfds[fd] = child
-        self.record.update(children=[c.pid for c in self.schedulers],
-                           propagates_sigterm=not self.args.no_propagate)
+        self.record.update(
+            children=[c.pid for c in self.schedulers], propagates_sigterm=not self.args.no_propagate
+        )
         return [p for child in self.schedulers for p in child.processes]
 
     def watched_fds(self) -> dict[int, Callable[[], None]]:

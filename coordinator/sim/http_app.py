@@ -135,7 +135,7 @@ def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette
             Route("/internal/stand_down", stand_down, methods=["POST"]),
             Route("/internal/handoff", handoff, methods=["POST"]),
             Route("/internal/resume", resume, methods=["POST"]),
-        ]
+        ],
     )
 
 

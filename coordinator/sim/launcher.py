@@ -147,9 +147,7 @@ def engine_environment() -> dict[str, str]:
 
 
 def _popen_new_session(argv: Sequence[str], env: dict[str, str]) -> PopenLike:
-    return subprocess.Popen(
-        list(argv), env=env, stdin=subprocess.DEVNULL, start_new_session=True
-    )
+    return subprocess.Popen(list(argv), env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _wait_for_ready_file(proc: PopenLike, ready_file: Path, timeout_s: float) -> dict[str, Any]:

@@ -134,7 +134,10 @@ class EngineMain:
             return EXIT_STARTUP_FAILED
         self.record.update(children=[c.pid for c in self.children])
         self.watchdog = ChildWatchdog(
-            self.children, armed=self.knobs.watchdog, on_fire=self._watchdog_fired
+            self.children,
+            armed=self.knobs.watchdog,
+            on_fire=self._watchdog_fired,
+            on_exit=self._child_exited,
         )
         self.watchdog.start()
         loop = asyncio.get_running_loop()
@@ -215,9 +218,7 @@ class EngineMain:
         # 2. Bounded wait; the watchdog thread reaps them as they go.
         assert self.watchdog is not None
         watchdog = self.watchdog
-        stragglers = await asyncio.to_thread(
-            watchdog.wait_exited, pids, self.knobs.child_timeout_s
-        )
+        stragglers = await asyncio.to_thread(watchdog.wait_exited, pids, self.knobs.child_timeout_s)
         # 3. SIGKILL stragglers and whatever is still below them, then wait for them too.
         if stragglers:
             for proc in _descendants():
@@ -226,17 +227,17 @@ class EngineMain:
         # 4. Own teardown, then exit 0.
         if self.knobs.teardown_s > 0:
             await asyncio.sleep(self.knobs.teardown_s)
-        self.record.update(
-            children_exit_codes={str(k): v for k, v in watchdog.exit_codes.items()},
-            sigkilled_children=sorted(stragglers),
-        )
+        self.record.update(sigkilled_children=sorted(stragglers))
         self.record.ended(EXIT_OK)
         return EXIT_OK
 
+    def _child_exited(self, child: StartedChild, exit_code: int | None) -> None:
+        codes = dict(self.record.data.get("children_exit_codes") or {})
+        codes[str(child.pid)] = exit_code
+        self.record.update(children_exit_codes=codes)
+
     def _watchdog_fired(self, child: StartedChild, exit_code: int | None) -> None:
-        self._kill_tree_and_self(
-            f"watchdog: {child.role} {child.pid} exited with {exit_code}"
-        )
+        self._kill_tree_and_self(f"watchdog: {child.role} {child.pid} exited with {exit_code}")
 
     def _kill_tree_and_self(self, why: str) -> None:
         """SIGKILL every descendant, then this process (SGLang's ``kill_process_tree``).
@@ -280,4 +281,3 @@ def main(argv: list[str] | None = None) -> None:
     args.record_dir.mkdir(parents=True, exist_ok=True)
     engine = EngineMain(knobs, record_dir=args.record_dir, ready_file=args.ready_file)
     sys.exit(asyncio.run(engine.run()))
-

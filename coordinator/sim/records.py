@@ -13,6 +13,7 @@ import json
 import os
 import re
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ class RecordWriter:
 
     def __init__(self, record_dir: Path | str, role: Role, *, rank: int | None = None) -> None:
         self.path = Path(record_dir) / f"{role.value}-{os.getpid()}.json"
+        self._lock = threading.Lock()
         self.data: dict[str, Any] = {
             "role": role.value,
             "rank": rank,
@@ -66,17 +68,18 @@ class RecordWriter:
         }
 
     def update(self, **changes: Any) -> None:
-        self.data.update(changes)
-        write_json_atomically(self.path, self.data)
+        # The main process writes from its event loop and from its watchdog thread.
+        with self._lock:
+            self.data.update(changes)
+            write_json_atomically(self.path, self.data)
 
     def signalled(self, signum: int) -> None:
         """Note a received signal (the first one is also kept as ``signal``)."""
         name = signal_name(signum)
-        self.data["signals"].append(name)
+        changes: dict[str, Any] = {"signals": [*self.data["signals"], name]}
         if self.data["signal"] is None:
-            self.update(signal=name, signalled_at=time.time())
-        else:
-            self.update()
+            changes.update(signal=name, signalled_at=time.time())
+        self.update(**changes)
 
     def cleanup_started(self, detail: str = "") -> None:
         self.update(cleanup=CLEANUP_STARTED, cleanup_started_at=time.time(), detail=detail)

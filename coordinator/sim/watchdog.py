@@ -4,8 +4,9 @@ SGLang's ``SubprocessWatchdog`` watches the engine's children and, when one of t
 SIGKILLs the whole process tree — so a drain that stops the children first turns into a
 crash unless the watchdog is stood down beforehand. This thread does the same: it waits on
 the children's pidfds (an event per exit, no polling), collects each exit status, and calls
-``on_fire`` for the first exit while armed. ``stand_down()`` disarms it for good; the
-thread keeps reaping so no child lingers as a zombie.
+``on_fire`` for the first exit while armed, then ``on_exit`` for every exit.
+``stand_down()`` disarms it for good; the thread keeps reaping so no child lingers as a
+zombie.
 """
 
 from __future__ import annotations
@@ -18,19 +19,27 @@ from collections.abc import Callable, Iterable
 from coordinator.sim.linux import open_pidfd
 from coordinator.sim.spawn import StartedChild
 
-FireCallback = Callable[[StartedChild, "int | None"], None]
+ExitCallback = Callable[[StartedChild, "int | None"], None]
 
 
 class ChildWatchdog:
     """Watches the main process's direct children from a daemon thread."""
 
-    def __init__(self, children: list[StartedChild], *, armed: bool, on_fire: FireCallback) -> None:
+    def __init__(
+        self,
+        children: list[StartedChild],
+        *,
+        armed: bool,
+        on_fire: ExitCallback,
+        on_exit: ExitCallback | None = None,
+    ) -> None:
         self.children = list(children)
         self.exit_codes: dict[int, int | None] = {}
         """PID → subprocess-style exit code, for every child that has exited."""
         self._armed = armed
         self._stood_down = threading.Event()
         self._on_fire = on_fire
+        self._on_exit = on_exit
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._run, name="child-watchdog", daemon=True)
 
@@ -81,3 +90,6 @@ class ChildWatchdog:
             self._changed.notify_all()
         if self._armed and not self._stood_down.is_set():
             self._on_fire(child, code)
+        # After the decision to fire, so whoever sees this knows the watchdog let it pass.
+        if self._on_exit is not None:
+            self._on_exit(child, code)
