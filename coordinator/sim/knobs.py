@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import ast
+import inspect
+import itertools
+import textwrap
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -79,15 +83,22 @@ class EngineKnobs:
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
         default = cls()
+        docs = _attribute_docstrings(cls)
         for f in fields(cls):
             value = getattr(default, f.name)
             flag = "--" + f.name.replace("_", "-")
+            help_text = docs.get(f.name, "").replace("%", "%%")
             if isinstance(value, bool):
-                parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
+                parser.add_argument(
+                    flag, action=argparse.BooleanOptionalAction, default=value, help=help_text
+                )
             elif isinstance(value, tuple):
-                parser.add_argument(flag, action="append", default=[], metavar="ROLE[:RANK]")
+                parser.add_argument(
+                    flag, action="append", default=[], metavar="ROLE[:RANK]", help=help_text
+                )
             else:
-                parser.add_argument(flag, type=type(value), default=value)
+                help_text += " (default: %(default)s)"
+                parser.add_argument(flag, type=type(value), default=value, help=help_text)
 
     @classmethod
     def from_namespace(cls, ns: argparse.Namespace) -> EngineKnobs:
@@ -96,3 +107,23 @@ class EngineKnobs:
             value = getattr(ns, f.name)
             values[f.name] = tuple(value) if isinstance(value, list) else value
         return cls(**values)
+
+
+def _attribute_docstrings(cls: type) -> dict[str, str]:
+    """The docstrings under each field, so ``--help`` says what the fields' docs say."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if (
+            isinstance(node, ast.AnnAssign)
+            and isinstance(node.target, ast.Name)
+            and isinstance(following, ast.Expr)
+            and isinstance(following.value, ast.Constant)
+            and isinstance(following.value.value, str)
+        ):
+            docs[node.target.id] = " ".join(following.value.value.split()).replace("``", "")
+    return docs

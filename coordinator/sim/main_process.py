@@ -125,6 +125,11 @@ class EngineMain:
         sock.bind((self.knobs.host, self.knobs.port))
         sock.listen(2048)
         self.port = sock.getsockname()[1]
+        # Installed before the children start: a signal that comes meanwhile is acted on
+        # once the loop runs (inside serve), instead of killing this process outright.
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, self.handle_signal, signum)
         try:
             self.children = spawn_children(
                 self.child_specs(), timeout_s=self.knobs.startup_timeout_s
@@ -140,9 +145,6 @@ class EngineMain:
             on_exit=self._child_exited,
         )
         self.watchdog.start()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, self.handle_signal, signum)
         config = uvicorn.Config(
             build_app(self.streams, self),
             log_level="warning",
@@ -270,8 +272,18 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m coordinator.sim",
         description="A simulated multi-process inference engine (SGLang-shaped).",
     )
-    parser.add_argument("--record-dir", required=True, type=Path)
-    parser.add_argument("--ready-file", type=Path, default=None)
+    parser.add_argument(
+        "--record-dir",
+        required=True,
+        type=Path,
+        help="where every process writes <role>-<pid>.json, how it ended",
+    )
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        default=None,
+        help='written once serving: {"pid", "port", "url", "processes"}',
+    )
     EngineKnobs.add_arguments(parser)
     args = parser.parse_args(argv)
     try:
