@@ -1,0 +1,214 @@
+"""``shutdown-coordinator``: ``serve``, ``drain``, ``status`` and ``demo``.
+
+Every ``serve`` flag also reads ``SHUTDOWN_COORDINATOR_<NAME>`` (see ``coordinator.settings``);
+the client commands read ``SHUTDOWN_COORDINATOR_URL`` and ``SHUTDOWN_COORDINATOR_TOKEN_FILE``
+(or ``SHUTDOWN_COORDINATOR_TOKEN``). Exit codes are in ``coordinator.exit_codes``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from coordinator import __version__, exit_codes
+from coordinator.settings import DEFAULT_URL, ENV_PREFIX
+
+RECONNECT_S = 15.0
+"""How long ``drain`` keeps retrying a coordinator that went away (it may be restarting)."""
+
+# flag → (Settings field, type, help). None defaults mean "not given": env or default apply.
+_SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--host", "host", str, "address to bind (default 127.0.0.1)"),
+    ("--port", "port", int, "TCP port, 0 for any free one (default 8787)"),
+    ("--port-file", "port_file", Path, "write {host, port, url, pid} here once listening"),
+    ("--grace-period", "grace_period_s", float,
+     "the pod's termination grace period in seconds (default 30)"),
+    ("--safety-margin", "safety_margin_s", float,
+     "seconds of the grace period the drain leaves unused (default 5)"),
+    ("--min-drain", "min_drain_s", float, "seconds to stay in draining at least (default 0)"),
+    ("--tier-timeout", "tier_timeout_s", float,
+     "seconds per kill tier before SIGKILL (default 10)"),
+    ("--confirm-timeout", "confirm_s", float,
+     "seconds to wait for a SIGKILLed process to disappear (default 2)"),
+    ("--prekill-timeout", "prekill_timeout_s", float,
+     "seconds to wait for workers' pre-kill hooks (default 2)"),
+    ("--token-file", "token_file", Path, "file holding the bearer token"),
+    ("--state-file", "state_file", Path, "persist the drain here to survive a restart"),
+    ("--confine-to-pid", "confine_to_pid", int,
+     "only register or adopt processes descending from this PID"),
+    ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),
+    ("--scan-interval", "process_scan_interval_s", float,
+     "seconds between process tree scans for /status (default 5)"),
+    ("--log-level", "log_level", str, "critical, error, warning, info (default), debug"),
+]
+
+
+def _env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line."""
+    parser = argparse.ArgumentParser(
+        prog="shutdown-coordinator",
+        description="Drain LLM inference pods without losing requests or leaking processes.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="run the coordinator")
+    for flag, field, kind, text in _SERVE_FLAGS:
+        serve.add_argument(flag, dest=field, type=kind, default=None,
+                           help=f"{text} [env {_env_name(field)}]")
+    serve.add_argument("--adopt-pid", dest="adopt_pids", type=int, action="append",
+                       default=None, metavar="PID",
+                       help=f"adopt this process tree (repeatable) [env {_env_name('adopt_pids')}]")
+    serve.add_argument("--adopt-pattern", dest="adopt_patterns", action="append", default=None,
+                       metavar="REGEX", help="adopt trees whose command line matches "
+                       f"(repeatable) [env {_env_name('adopt_patterns')}]")
+    serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
+                       const=False, default=None, help=argparse.SUPPRESS)
+
+    def client_flags(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--url", default=os.environ.get(ENV_PREFIX + "URL", DEFAULT_URL),
+                       help=f"coordinator URL (default {DEFAULT_URL}) [env {ENV_PREFIX}URL]")
+        p.add_argument("--token-file", type=Path,
+                       default=os.environ.get(ENV_PREFIX + "TOKEN_FILE") or None,
+                       help=f"bearer token file [env {ENV_PREFIX}TOKEN_FILE, or "
+                       f"{ENV_PREFIX}TOKEN]")
+        p.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    drain = sub.add_parser("drain", help="drain a running coordinator and print the summary")
+    client_flags(drain)
+    drain.add_argument("--reason", default="operator", help="why (shown in /status)")
+    drain.add_argument("--deadline", type=float, default=None, metavar="S",
+                       help="a shorter budget for this drain, in seconds")
+    drain.add_argument("--quiet", action="store_true", help="no progress lines")
+
+    status = sub.add_parser("status", help="print the coordinator's state")
+    client_flags(status)
+
+    sub.add_parser("demo", help="run the demo: coordinator, simulated engine, router, load",
+                   add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list[:1] == ["demo"]:
+        from coordinator import demo  # type: ignore[attr-defined,unused-ignore]
+
+        result: int = demo.main(args_list[1:])
+        return result
+    parser = build_parser()
+    try:
+        args = parser.parse_args(args_list)
+    except SystemExit as exc:
+        return exit_codes.USAGE if exc.code not in (0, None) else exit_codes.OK
+    if args.command == "serve":
+        return _serve(args, parser)
+    if args.command == "drain":
+        return _drain(args)
+    return _status(args)
+
+
+def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from pydantic import ValidationError
+
+    from coordinator.service.server import serve
+    from coordinator.settings import Settings
+
+    given = {field: getattr(args, field) for _, field, _, _ in _SERVE_FLAGS}
+    given.update(adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
+                 status_cache=args.status_cache)
+    try:
+        settings = Settings(**{k: v for k, v in given.items() if v is not None})
+        settings.resolved_token()
+    except (ValidationError, OSError, ValueError) as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        return serve(settings)
+    except OSError as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    if args.token_file is not None:
+        return Path(args.token_file).read_text(encoding="utf-8").strip() or None
+    return os.environ.get(ENV_PREFIX + "TOKEN") or None
+
+
+def _client_errors(
+    func: Callable[[argparse.Namespace], int],
+) -> Callable[[argparse.Namespace], int]:
+    def wrapper(args: argparse.Namespace) -> int:
+        from coordinator.service.client import AuthError, ClientError, RefusedError
+
+        try:
+            return func(args)
+        except OSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exit_codes.USAGE
+        except AuthError as exc:
+            print(f"error: the coordinator refused the token: {exc}", file=sys.stderr)
+            return exit_codes.AUTH_FAILED
+        except RefusedError as exc:
+            print(f"error: the coordinator refused: {exc}", file=sys.stderr)
+            return exit_codes.REFUSED
+        except ClientError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return exit_codes.UNREACHABLE
+
+    return wrapper
+
+
+@_client_errors
+def _status(args: argparse.Namespace) -> int:
+    from coordinator.service.client import CoordinatorClient
+    from coordinator.service.render import status_text
+
+    with CoordinatorClient(args.url, _token(args)) as client:
+        document = client.status()
+    print(json.dumps(document, indent=2) if args.json else status_text(document))
+    return exit_codes.OK
+
+
+@_client_errors
+def _drain(args: argparse.Namespace) -> int:
+    from coordinator.service.client import ClientError, CoordinatorClient
+    from coordinator.service.render import progress_line, status_text
+
+    with CoordinatorClient(args.url, _token(args)) as client:
+        started = client.start_drain(args.reason, args.deadline)
+        since = int(started["generation"]) - 1
+        document: dict[str, Any] | None = None
+        lost_at: float | None = None
+        while True:
+            try:
+                document = client.status(wait=10.0, since=since)
+                lost_at = None
+            except ClientError:
+                # The coordinator may be restarting (it resumes the drain): retry a while.
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > RECONNECT_S:
+                    raise
+                time.sleep(0.2)
+                continue
+            generation = int(document["generation"])
+            if generation > since and not args.quiet and not args.json:
+                print(progress_line(document), file=sys.stderr, flush=True)
+            since = max(since, generation)
+            if document["phase"] == "done" or (
+                    document["phase"] == "serving" and document.get("outcome") == "aborted"):
+                break
+    outcome = str(document.get("outcome") or "survived")
+    print(json.dumps(document, indent=2) if args.json else status_text(document))
+    return exit_codes.OUTCOME_CODES.get(outcome, exit_codes.SURVIVED)

@@ -1,0 +1,88 @@
+"""Adoption of engines that never register: by PID, or by a command-line pattern.
+
+Adopted trees are discovered at start-up (for ``/status``) and again when the kill starts, since
+an unmodified engine may have restarted in between. Only the topmost match of a pattern becomes
+a root: its matching descendants belong to its tree anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import psutil
+
+from coordinator.errors import RefusedTarget, TargetNotFound
+from coordinator.service.identity import ProcessFacts, facts, protected_pids, vet
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AdoptionRules:
+    """What to adopt: explicit PIDs and command-line patterns (searched, not matched)."""
+
+    pids: tuple[int, ...] = ()
+    patterns: tuple[str, ...] = ()
+    confine_to: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.pids and not self.patterns
+
+
+def _pattern_matches(patterns: list[re.Pattern[str]]) -> list[int]:
+    protected = protected_pids()
+    found: list[int] = []
+    for proc in psutil.process_iter(["cmdline"]):
+        if proc.pid in protected:
+            continue
+        cmdline = " ".join(proc.info.get("cmdline") or ())
+        if cmdline and any(p.search(cmdline) for p in patterns):
+            found.append(proc.pid)
+    return found
+
+
+def _topmost(candidates: Iterable[ProcessFacts]) -> list[ProcessFacts]:
+    chosen = {c.pid: c for c in candidates}
+    roots: list[ProcessFacts] = []
+    for candidate in chosen.values():
+        try:
+            ancestors = {p.pid for p in psutil.Process(candidate.pid).parents()}
+        except psutil.Error:
+            continue
+        if not ancestors & chosen.keys():
+            roots.append(candidate)
+    return sorted(roots, key=lambda f: f.pid)
+
+
+def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[ProcessFacts]:
+    """The roots of the trees ``rules`` adopt right now (refused processes are skipped)."""
+    if rules.empty:
+        return []
+    compiled = [re.compile(p) for p in rules.patterns]
+    wanted = list(rules.pids)
+    if compiled:
+        wanted.extend(_pattern_matches(compiled))
+    excluded = set(exclude)
+    vetted: list[ProcessFacts] = []
+    for pid in dict.fromkeys(wanted):
+        if pid in excluded:
+            continue
+        try:
+            vetted.append(vet(pid, confine_to=rules.confine_to))
+        except RefusedTarget as exc:
+            log.warning("not adopting: %s", exc)
+        except TargetNotFound:
+            continue
+    return _topmost(vetted)
+
+
+def still_alive(found: ProcessFacts) -> bool:
+    """Whether the process is still the one discovered (same PID and start time)."""
+    try:
+        return facts(found.pid).start_time == found.start_time
+    except TargetNotFound:
+        return False

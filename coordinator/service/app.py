@@ -1,0 +1,212 @@
+"""The HTTP API (FastAPI): the contract of DESIGN.md and the engine protocol of
+docs/architecture.md. Handlers stay thin; ``Coordinator`` holds the state.
+
+Errors are JSON with a ``detail`` and a 4xx status: validation → 422, missing or wrong token →
+401, a refused PID → 403, an unknown worker → 404, a request that does not fit the drain's
+phase → 409.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi.responses import JSONResponse, Response
+
+from coordinator import __version__
+from coordinator.drain.budget import remaining
+from coordinator.drain.controller import KillFn
+from coordinator.drain.phases import Phase
+from coordinator.errors import DrainConflict, RefusedTarget, TargetNotFound
+from coordinator.service.auth import TokenCheck
+from coordinator.service.events import EventStream
+from coordinator.service.metrics import CONTENT_TYPE
+from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
+from coordinator.service.registry import Worker
+from coordinator.service.runtime import Coordinator
+from coordinator.settings import Settings
+
+JSON = "application/json"
+WAIT_SLACK_S = 1.0
+"""A blocking drain call waits this much past the budget for the final transition."""
+
+WorkerId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+def default_kill() -> KillFn:
+    """The kill engine's joining entry point."""
+    from coordinator.kill import Terminator
+
+    return Terminator().run
+
+
+def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
+    """Build the app around a fresh ``Coordinator``."""
+    coordinator = Coordinator(settings, kill or default_kill())
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        await coordinator.start()
+        try:
+            yield
+        finally:
+            await coordinator.stop()
+
+    app = FastAPI(title="shutdown-coordinator", version=__version__, lifespan=lifespan)
+    app.state.coordinator = coordinator
+    check = TokenCheck(settings.resolved_token())
+    public = APIRouter()
+    api = APIRouter(dependencies=[Depends(check)])
+
+    def problem(status: int, detail: str) -> JSONResponse:
+        return JSONResponse({"detail": detail}, status_code=status)
+
+    @app.exception_handler(RefusedTarget)
+    async def _refused(_request: Request, exc: RefusedTarget) -> JSONResponse:
+        return problem(403, str(exc))
+
+    @app.exception_handler(TargetNotFound)
+    async def _not_found(_request: Request, exc: TargetNotFound) -> JSONResponse:
+        return problem(422, str(exc))
+
+    @app.exception_handler(DrainConflict)
+    async def _conflict(_request: Request, exc: DrainConflict) -> JSONResponse:
+        return problem(409, str(exc))
+
+    def worker_or_404(worker_id: str) -> Worker:
+        worker = coordinator.registry.workers.get(worker_id)
+        if worker is None:
+            raise unknown_worker(worker_id)
+        return worker
+
+    # --- probes and metrics ----------------------------------------------------------------
+
+    @public.get("/healthz")
+    async def healthz() -> dict[str, Any]:
+        """Liveness: the coordinator's loop answers."""
+        return {"status": "ok", "phase": coordinator.machine.phase.value}
+
+    @public.get("/readyz", responses={503: {"description": "a drain has started"}})
+    async def readyz() -> JSONResponse:
+        """Readiness of the engine: 200 while serving, 503 from the first moment of a drain."""
+        phase = coordinator.machine.phase
+        if phase is Phase.SERVING:
+            return JSONResponse({"ready": True, "phase": phase.value})
+        return JSONResponse({"ready": False, "phase": phase.value,
+                             "detail": f"the pod is {phase.value}"}, status_code=503)
+
+    @public.get("/metrics", response_class=Response)
+    async def metrics() -> Response:
+        """Prometheus text exposition."""
+        return Response(coordinator.metrics.render(), media_type=CONTENT_TYPE)
+
+    # --- the drain -------------------------------------------------------------------------
+
+    async def start_and_maybe_wait(reason: str, deadline_s: float | None,
+                                   wait: bool) -> Response:
+        drain, joined = coordinator.controller.start(reason, deadline_s)
+        if not wait:
+            return JSONResponse(
+                {"phase": coordinator.machine.phase.value,
+                 "generation": coordinator.machine.generation,
+                 "joined": joined, "drain": drain.to_status()},
+                status_code=202)
+        timeout = remaining(drain.deadlines.deadline_at, coordinator.controller.clock())
+        finished = await coordinator.controller.wait(timeout + WAIT_SLACK_S)
+        if finished:
+            _, etag, body = coordinator.status_bytes()
+            return Response(body, media_type=JSON, headers={"ETag": etag})
+        document = coordinator.status_document()
+        document["outcome"] = "timeout"
+        return JSONResponse(document)
+
+    @api.get("/drain")
+    async def drain_get() -> Response:
+        """Start or join the drain and block until done (kubelet ``preStop`` ``httpGet``)."""
+        return await start_and_maybe_wait("preStop", None, True)
+
+    @api.post("/drain", status_code=200, responses={202: {"description": "started"}})
+    async def drain_post(body: Annotated[DrainRequest | None, Body()] = None) -> Response:
+        """Start or join the drain; ``wait=false`` answers 202 at once."""
+        request = body or DrainRequest()
+        return await start_and_maybe_wait(request.reason, request.deadline_s, request.wait)
+
+    @api.delete("/drain", responses={409: {"description": "too late to abort"}})
+    async def drain_delete() -> dict[str, Any]:
+        """Abort a drain that has not reached ``terminating``."""
+        coordinator.controller.abort()
+        return {"phase": coordinator.machine.phase.value, "aborted": True,
+                "generation": coordinator.machine.generation}
+
+    # --- status ----------------------------------------------------------------------------
+
+    @api.get("/status", response_class=Response, responses={304: {"description": "unchanged"}})
+    async def status(
+        request: Request,
+        wait: Annotated[float, Query(ge=0, le=86_400)] = 0.0,
+        since: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+    ) -> Response:
+        """The whole state; ``?wait=S&since=G`` blocks until ``generation`` > G (S capped)."""
+        if since is not None and wait > 0:
+            cap = min(wait, settings.long_poll_cap_s)
+            deadline = coordinator.controller.clock() + cap
+            while coordinator.machine.generation <= since:
+                left = deadline - coordinator.controller.clock()
+                if left <= 0 or not await coordinator.changes.wait(left):
+                    break
+        _, etag, body = coordinator.status_bytes()
+        if request.headers.get("if-none-match") == etag:
+            return Response(status_code=304, headers={"ETag": etag})
+        return Response(body, media_type=JSON, headers={"ETag": etag,
+                                                        "Cache-Control": "no-cache"})
+
+    # --- workers ---------------------------------------------------------------------------
+
+    @api.post("/workers", status_code=201, responses={
+        200: {"description": "already registered"}, 403: {"description": "refused pid"},
+        409: {"description": "the drain is terminating"}, 422: {"description": "bad input"}})
+    async def register(body: RegisterRequest) -> JSONResponse:
+        """Register a worker process (identity checked); same process again → same id."""
+        worker, created = coordinator.register(body)
+        return JSONResponse(
+            {"id": worker.id, "pid": worker.pid, "start_time": worker.start_time,
+             "events_url": f"/workers/{worker.id}/events",
+             "phase": coordinator.machine.phase.value,
+             "generation": coordinator.machine.generation},
+            status_code=201 if created else 200)
+
+    @api.delete("/workers/{worker_id}", responses={404: {"description": "unknown worker"}})
+    async def deregister(worker_id: WorkerId) -> dict[str, str]:
+        """Forget a worker (it will not be part of the kill)."""
+        if coordinator.deregister(worker_id) is None:
+            raise unknown_worker(worker_id)
+        return {"id": worker_id, "state": "deregistered"}
+
+    @api.get("/workers/{worker_id}/events", response_class=Response,
+             responses={404: {"description": "unknown worker"}})
+    async def events(worker_id: WorkerId) -> Response:
+        """NDJSON stream: ``hello``, then ``drain``, ``abort``, ``terminate``, ``ping``."""
+        return EventStream(coordinator, worker_or_404(worker_id))
+
+    @api.post("/workers/{worker_id}/report", responses={404: {"description": "unknown worker"}})
+    async def report(worker_id: WorkerId, body: ReportRequest) -> dict[str, int]:
+        """In-flight count, handed-back requests, ``prekill_done``."""
+        coordinator.report(worker_or_404(worker_id), body)
+        return {"generation": coordinator.machine.generation}
+
+    @api.post("/migrations/ack")
+    async def ack(body: AckRequest) -> dict[str, list[str]]:
+        """A router re-issued these handed-back requests."""
+        acked, unknown = coordinator.ack(body.request_ids)
+        return {"acked": acked, "unknown": unknown}
+
+    app.include_router(public)
+    app.include_router(api)
+    return app
+
+
+def unknown_worker(worker_id: str) -> HTTPException:
+    """The 404 for a worker id nobody registered (or already deregistered)."""
+    return HTTPException(status_code=404, detail=f"unknown worker {worker_id!r}")

@@ -1,0 +1,97 @@
+"""A small synchronous client of the coordinator, for the ``drain`` and ``status`` commands."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+from coordinator.errors import CoordinatorError
+
+LONG_POLL_S = 10.0
+
+
+class ClientError(CoordinatorError):
+    """The coordinator could not be reached or answered something unexpected."""
+
+
+class AuthError(ClientError):
+    """The coordinator refused the token."""
+
+
+class RefusedError(ClientError):
+    """The coordinator refused the request (4xx other than auth)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status = status
+        self.detail = detail
+
+
+class CoordinatorClient:
+    """Talks to one coordinator at ``url``."""
+
+    def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers,
+                                  timeout=httpx.Timeout(timeout_s, read=LONG_POLL_S + timeout_s))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> CoordinatorClient:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClientError(f"cannot reach the coordinator: {exc}") from exc
+        if response.status_code in (401, 403) and path != "/workers":
+            raise AuthError(_detail(response))
+        if 400 <= response.status_code < 600:
+            raise RefusedError(response.status_code, _detail(response))
+        try:
+            data = response.json()
+        except ValueError as exc:
+            raise ClientError(f"not JSON from {path}: {response.text[:200]!r}") from exc
+        if not isinstance(data, dict):
+            raise ClientError(f"unexpected answer from {path}")
+        return data
+
+    def status(self, *, wait: float = 0.0, since: int | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {}
+        if since is not None and wait > 0:
+            params = {"wait": wait, "since": since}
+        return self._call("GET", "/status", params=params)
+
+    def start_drain(self, reason: str, deadline_s: float | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"wait": False, "reason": reason}
+        if deadline_s is not None:
+            body["deadline_s"] = deadline_s
+        return self._call("POST", "/drain", json=body)
+
+    def abort_drain(self) -> dict[str, Any]:
+        return self._call("DELETE", "/drain")
+
+    def follow(self, since: int) -> Iterator[dict[str, Any]]:
+        """Each new ``/status`` document (long-polled) from generation ``since`` on."""
+        while True:
+            document = self.status(wait=LONG_POLL_S, since=since)
+            if int(document["generation"]) > since:
+                since = int(document["generation"])
+                yield document
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(data, dict) and "detail" in data:
+        return str(data["detail"])
+    return str(data)[:200]

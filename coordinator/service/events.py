@@ -1,0 +1,72 @@
+"""``GET /workers/{id}/events``: the held-open NDJSON stream a worker learns of a drain from.
+
+Written as a bare ASGI response so the path from ``Notifier.publish`` to the socket is one
+queue hand-off and one ``send``: no middleware, no per-line wrapping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from coordinator.service.notifier import Subscription, event_line
+from coordinator.service.registry import Worker
+from coordinator.service.runtime import Coordinator
+
+MEDIA_TYPE = "application/x-ndjson"
+
+
+class EventStream(Response):
+    """Streams one worker's events until it disconnects, is deregistered, or we stop."""
+
+    media_type = MEDIA_TYPE
+
+    def __init__(self, coordinator: Coordinator, worker: Worker) -> None:
+        super().__init__(media_type=MEDIA_TYPE)
+        self.coordinator = coordinator
+        self.worker = worker
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        coordinator = self.coordinator
+        worker = self.worker
+        sub = coordinator.notifier.subscribe(worker.id)
+        coordinator.stream_opened(worker)
+        watcher = asyncio.get_running_loop().create_task(self._until_disconnect(receive, sub))
+        try:
+            await send({
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", MEDIA_TYPE.encode()),
+                    (b"cache-control", b"no-store"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            })
+            hello: dict[str, Any] = {
+                "type": "hello", "id": worker.id, "phase": coordinator.machine.phase.value,
+                "generation": coordinator.machine.generation, "at": time.time(),
+            }
+            first = event_line(hello) + b"".join(
+                event_line(e) for e in coordinator.catch_up_events())
+            await send({"type": "http.response.body", "body": first, "more_body": True})
+            async for line in sub.lines():
+                await send({"type": "http.response.body", "body": line, "more_body": True})
+            with contextlib.suppress(OSError, RuntimeError):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            watcher.cancel()
+            coordinator.notifier.unsubscribe(sub)
+            coordinator.stream_closed(worker)
+
+    @staticmethod
+    async def _until_disconnect(receive: Receive, sub: Subscription) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                sub.close()
+                return

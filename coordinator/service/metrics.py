@@ -1,0 +1,45 @@
+"""Prometheus metrics of the coordinator (a registry per app, so tests can run several)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from coordinator.drain.phases import Phase
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+_PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 60, 120, 300)
+
+
+class CoordinatorMetrics:
+    """Counters and histograms of drains, phases, process fates and migrations."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.drains = Counter("shutdown_coordinator_drains", "Drains by outcome",
+                              ["outcome"], registry=r)
+        self.drains_started = Counter("shutdown_coordinator_drains_started",
+                                      "Drains started", registry=r)
+        self.drain_seconds = Histogram("shutdown_coordinator_drain_seconds",
+                                       "Drain duration from start to done or abort",
+                                       buckets=_PHASE_BUCKETS, registry=r)
+        self.phase_seconds = Histogram("shutdown_coordinator_phase_seconds",
+                                       "Time spent in each drain phase", ["phase"],
+                                       buckets=_PHASE_BUCKETS, registry=r)
+        self.fates = Counter("shutdown_coordinator_process_fates",
+                             "Processes ended by a drain, by fate", ["fate"], registry=r)
+        self.migrations = Counter("shutdown_coordinator_migrations",
+                                  "Handed-back requests by event (handed_back, acked, expired)",
+                                  ["event"], registry=r)
+        self.workers = Gauge("shutdown_coordinator_workers", "Registered workers", registry=r)
+        self.phase = Gauge("shutdown_coordinator_phase", "1 for the current phase",
+                           ["phase"], registry=r)
+        self.set_phase(Phase.SERVING)
+
+    def set_phase(self, current: Phase) -> None:
+        for phase in Phase:
+            self.phase.labels(phase.value).set(1 if phase is current else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

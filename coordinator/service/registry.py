@@ -1,0 +1,250 @@
+"""Registered workers: identity, state, in-flight count, and a watch on each one's process.
+
+A worker's process is watched through a pidfd registered with the event loop (readable the
+moment the process exits), so a worker that dies is marked ``exited`` on its own, without
+polling. Where pidfds are unavailable a slow poll stands in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.errors import TargetNotFound
+from coordinator.kill.policy import Target, TierSpec
+from coordinator.service.identity import ProcessFacts, facts, same_start
+
+log = logging.getLogger(__name__)
+
+POLL_FALLBACK_S = 1.0
+
+
+class WorkerState(enum.StrEnum):
+    """A worker's state as ``/status`` shows it."""
+
+    SERVING = "serving"
+    """Registered; takes new work."""
+    DRAINING = "draining"
+    """Told to drain; may still hold in-flight requests."""
+    DRAINED = "drained"
+    """Reported zero in-flight requests during a drain."""
+    TERMINATING = "terminating"
+    """Told the kill is about to start."""
+    EXITED = "exited"
+    """Its process is gone."""
+
+
+@dataclass
+class Worker:
+    """One registered engine process (the root of a process tree)."""
+
+    id: str
+    pid: int
+    start_time: float
+    role: str
+    name: str
+    url: str | None
+    tiers: tuple[TierSpec, ...] = ()
+    include_tree: bool = True
+    registered_at: float = field(default_factory=time.time)
+    state: WorkerState = WorkerState.SERVING
+    inflight: int | None = None
+    """Last reported in-flight count; None while the worker has never reported."""
+    prekill_done: bool = False
+    connected: int = 0
+    """Open event streams."""
+    handed_back: int = 0
+    exited_at: float | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.state is not WorkerState.EXITED
+
+    def target(self) -> Target:
+        """What the kill engine gets for this worker."""
+        return Target(pid=self.pid, start_time=self.start_time, role=self.role,
+                      tiers=self.tiers, include_tree=self.include_tree)
+
+    def to_status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "pid": self.pid,
+            "role": self.role,
+            "name": self.name,
+            "url": self.url,
+            "state": self.state.value,
+            "inflight": self.inflight,
+            "handed_back": self.handed_back,
+            "connected": self.connected > 0,
+            "prekill_done": self.prekill_done,
+            "registered_at": self.registered_at,
+            "exited_at": self.exited_at,
+        }
+
+    def to_record(self) -> dict[str, Any]:
+        data = self.to_status()
+        data.update(
+            start_time=self.start_time,
+            include_tree=self.include_tree,
+            tiers=[
+                {"name": t.name, "pattern": t.pattern, "roles": list(t.roles),
+                 "signal": int(t.signal), "timeout_s": t.timeout_s}
+                for t in self.tiers
+            ],
+        )
+        return data
+
+    @classmethod
+    def from_record(cls, data: dict[str, Any]) -> Worker:
+        tiers = tuple(
+            TierSpec(name=t["name"], pattern=t.get("pattern"), roles=tuple(t.get("roles", ())),
+                     signal=int(t["signal"]), timeout_s=float(t["timeout_s"]))
+            for t in data.get("tiers", ())
+        )
+        return cls(
+            id=data["id"], pid=int(data["pid"]), start_time=float(data["start_time"]),
+            role=data["role"], name=data.get("name", ""), url=data.get("url"), tiers=tiers,
+            include_tree=bool(data.get("include_tree", True)),
+            registered_at=float(data.get("registered_at", time.time())),
+            state=WorkerState(data.get("state", WorkerState.SERVING.value)),
+            inflight=data.get("inflight"), prekill_done=bool(data.get("prekill_done", False)),
+            handed_back=int(data.get("handed_back", 0)), exited_at=data.get("exited_at"),
+        )
+
+
+class WorkerRegistry:
+    """The registered workers, keyed by id; ``on_change`` is called after every change."""
+
+    def __init__(self, on_change: Callable[[], None]) -> None:
+        self._on_change = on_change
+        self.workers: dict[str, Worker] = {}
+        self._watches: dict[str, int] = {}
+        self._polls: dict[str, asyncio.Task[None]] = {}
+
+    def find(self, pid: int, start_time: float) -> Worker | None:
+        """The worker registered for this process, if any."""
+        for worker in self.workers.values():
+            if worker.pid == pid and same_start(worker.start_time, start_time):
+                return worker
+        return None
+
+    def register(
+        self,
+        found: ProcessFacts,
+        *,
+        role: str,
+        name: str | None,
+        url: str | None,
+        tiers: tuple[TierSpec, ...],
+        include_tree: bool,
+        state: WorkerState = WorkerState.SERVING,
+    ) -> tuple[Worker, bool]:
+        """Add a worker (or return the existing one for the same process); True if new."""
+        existing = self.find(found.pid, found.start_time)
+        if existing is not None:
+            return existing, False
+        worker = Worker(
+            id=f"w-{uuid.uuid4().hex[:12]}", pid=found.pid, start_time=found.start_time,
+            role=role, name=name or found.name, url=url, tiers=tiers,
+            include_tree=include_tree, state=state,
+        )
+        self.workers[worker.id] = worker
+        self._watch(worker)
+        self._on_change()
+        return worker, True
+
+    def restore(self, worker: Worker) -> None:
+        """Take a worker back from the state file, checking its process is still the same."""
+        self.workers[worker.id] = worker
+        if worker.alive:
+            try:
+                live = facts(worker.pid)
+            except TargetNotFound:
+                live = None
+            if live is None or not same_start(live.start_time, worker.start_time):
+                self._mark_exited(worker)
+            else:
+                self._watch(worker)
+
+    def deregister(self, worker_id: str) -> Worker | None:
+        """Remove a worker; None when unknown."""
+        worker = self.workers.pop(worker_id, None)
+        if worker is None:
+            return None
+        self._unwatch(worker_id)
+        self._on_change()
+        return worker
+
+    def alive(self) -> list[Worker]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def close(self) -> None:
+        for worker_id in list(self._watches) + list(self._polls):
+            self._unwatch(worker_id)
+
+    # --- process watch -------------------------------------------------------------------
+
+    def _watch(self, worker: Worker) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            fd = os.pidfd_open(worker.pid)
+        except ProcessLookupError:
+            self._mark_exited(worker)
+            return
+        except (OSError, AttributeError):
+            self._polls[worker.id] = loop.create_task(self._poll(worker))
+            return
+        # The PID may have been reused between the identity check and pidfd_open.
+        try:
+            live = facts(worker.pid)
+        except TargetNotFound:
+            live = None
+        if live is None or not same_start(live.start_time, worker.start_time):
+            os.close(fd)
+            self._mark_exited(worker)
+            return
+        self._watches[worker.id] = fd
+        loop.add_reader(fd, self._on_exit, worker.id)
+
+    def _unwatch(self, worker_id: str) -> None:
+        fd = self._watches.pop(worker_id, None)
+        if fd is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(fd)
+            os.close(fd)
+        task = self._polls.pop(worker_id, None)
+        if task is not None:
+            task.cancel()
+
+    def _on_exit(self, worker_id: str) -> None:
+        self._unwatch(worker_id)
+        worker = self.workers.get(worker_id)
+        if worker is not None and worker.alive:
+            self._mark_exited(worker)
+
+    async def _poll(self, worker: Worker) -> None:
+        while worker.alive:
+            try:
+                live = facts(worker.pid)
+            except TargetNotFound:
+                live = None
+            if live is None or not same_start(live.start_time, worker.start_time):
+                self._polls.pop(worker.id, None)
+                self._mark_exited(worker)
+                return
+            await asyncio.sleep(POLL_FALLBACK_S)
+
+    def _mark_exited(self, worker: Worker) -> None:
+        log.info("worker %s (pid %d) exited", worker.id, worker.pid)
+        worker.state = WorkerState.EXITED
+        worker.exited_at = time.time()
+        worker.inflight = 0 if worker.inflight else worker.inflight
+        self._on_change()

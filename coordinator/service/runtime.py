@@ -1,0 +1,420 @@
+"""The coordinator's live state: phase machine, workers, migrations, processes, drain.
+
+``Coordinator`` is what the HTTP handlers talk to. It implements the drain controller's
+``Fleet`` protocol, renders the ``/status`` document (cached per generation), persists the
+state file on every change, and resumes a persisted drain at start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import os
+import signal
+import time
+import uuid
+from collections.abc import Awaitable
+from typing import Any
+
+from coordinator import __version__
+from coordinator.drain.budget import total_budget
+from coordinator.drain.changes import ChangeSignal
+from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
+from coordinator.drain.phases import Phase, PhaseMachine, Transition
+from coordinator.drain.state_file import StateWriter, read_state
+from coordinator.errors import DrainConflict
+from coordinator.kill.policy import Target, TierSpec
+from coordinator.kill.report import Fate, ProcessOutcome
+from coordinator.service import adoption, identity
+from coordinator.service.metrics import CoordinatorMetrics
+from coordinator.service.migrations import MigrationBook
+from coordinator.service.models import RegisterRequest, ReportRequest
+from coordinator.service.notifier import Notifier
+from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+TIMELINE_KEPT = 64
+_PROCESS_KEYS = ("pid", "name", "role", "root_pid", "parent_pid", "depth", "start_time",
+                 "fate", "exit_code", "signal", "tier", "elapsed_ms", "detail")
+
+
+def process_entry(outcome: ProcessOutcome) -> dict[str, Any]:
+    """A process as ``/status`` lists it (the outcome without its long command line)."""
+    data = outcome.to_dict()
+    return {key: data[key] for key in _PROCESS_KEYS}
+
+
+class Coordinator:
+    """Everything one coordinator knows; single event loop, no locks."""
+
+    def __init__(self, settings: Settings, kill: KillFn) -> None:
+        self.settings = settings
+        self.instance = uuid.uuid4().hex[:8]
+        self.started_at = time.time()
+        self.changes = ChangeSignal()
+        self.metrics = CoordinatorMetrics()
+        self.machine = PhaseMachine(on_change=self._changed)
+        self._timeline_seen = len(self.machine.timeline)
+        self.registry = WorkerRegistry(on_change=self.bump)
+        self.migrations = MigrationBook()
+        self.notifier = Notifier(settings.ping_interval_s)
+        self.writer = StateWriter(settings.state_file, self.snapshot)
+        self.rules = adoption.AdoptionRules(
+            pids=tuple(settings.adopt_pids), patterns=tuple(settings.adopt_patterns),
+            confine_to=settings.confine_to_pid,
+        )
+        self.adopted: list[identity.ProcessFacts] = []
+        self.scanned: dict[int, ProcessOutcome] = {}
+        self._cache: tuple[int, str, bytes] | None = None
+        self._scan_task: asyncio.Task[None] | None = None
+        self._loop_ready = False
+        self.controller = DrainController(
+            machine=self.machine,
+            changes=self.changes,
+            fleet=self,
+            kill=kill,
+            config=DrainConfig(
+                budget_s=total_budget(settings.grace_period_s, settings.safety_margin_s),
+                tier_timeout_s=settings.tier_timeout_s,
+                confirm_s=settings.confirm_s,
+                termination_share=settings.termination_share,
+                min_drain_s=settings.min_drain_s,
+                prekill_timeout_s=settings.prekill_timeout_s,
+            ),
+            on_outcome=lambda _outcome: self.bump(),
+            on_finished=self._finished,
+        )
+
+    # --- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Resume a persisted drain, discover adopted trees, start the process scanner."""
+        self._loop_ready = True
+        if self.settings.state_file is not None:
+            document = await asyncio.to_thread(read_state, self.settings.state_file)
+            if document is not None:
+                try:
+                    self._restore(document)
+                except (KeyError, ValueError, TypeError):
+                    # A crash loop on a bad file would leave the pod undrainable.
+                    log.exception("state file %s unusable; starting fresh",
+                                  self.settings.state_file)
+        await self.rescan()
+        self._scan_task = asyncio.get_running_loop().create_task(self._scan_forever())
+
+    async def stop(self) -> None:
+        """Close streams, stop the scanner and the drain task, write the state a last time."""
+        self.notifier.close_all()
+        if self._scan_task is not None:
+            self._scan_task.cancel()
+            await asyncio.gather(self._scan_task, return_exceptions=True)
+        await self.controller.close()
+        self.registry.close()
+        await self.writer.close()
+
+    # --- generation, cache, persistence ----------------------------------------------------
+
+    def bump(self) -> None:
+        """Something in ``/status`` changed."""
+        self.machine.bump()
+
+    def _changed(self, _generation: int) -> None:
+        self._cache = None
+        timeline = self.machine.timeline
+        if len(timeline) != self._timeline_seen:
+            self._on_transition(timeline[max(0, self._timeline_seen - 1):])
+            self._timeline_seen = len(timeline)
+        self.changes.notify()
+        if self._loop_ready:
+            self.writer.mark_dirty()
+
+    def _on_transition(self, entries: list[Transition]) -> None:
+        for previous, current in itertools.pairwise(entries):
+            if previous.phase is not Phase.SERVING:
+                self.metrics.phase_seconds.labels(previous.phase.value).observe(
+                    max(0.0, current.at - previous.at))
+        self.metrics.set_phase(self.machine.phase)
+
+    def persist(self, now: bool = False) -> Awaitable[None] | None:
+        if now:
+            return self.writer.flush()
+        self.writer.mark_dirty()
+        return None
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state file's document (``version`` is added by the writer)."""
+        controller = self.controller
+        return {
+            "saved_at": time.time(),
+            "coordinator_pid": os.getpid(),
+            "phase": self.machine.phase.value,
+            "generation": self.machine.generation,
+            "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
+            "drain": controller.drain.to_record() if controller.drain else None,
+            "last": controller.last.to_record() if controller.last else None,
+            "workers": [w.to_record() for w in self.registry.workers.values()],
+            "migrations": self.migrations.to_record(),
+        }
+
+    def _restore(self, document: dict[str, Any]) -> None:
+        phase = Phase(document["phase"])
+        timeline = [Transition.from_dict(t) for t in document.get("timeline", ())]
+        for record in document.get("workers", ()):
+            self.registry.restore(Worker.from_record(record))
+        self.migrations.restore(document.get("migrations", {}))
+        last = document.get("last")
+        if last is not None:
+            self.controller.last = DrainRecord.from_record(last)
+        drain = document.get("drain")
+        self.machine.restore(phase, int(document.get("generation", 0)), timeline)
+        if drain is not None and phase is not Phase.SERVING:
+            log.info("state file: resuming a drain in phase %s", phase)
+            self.controller.resume(DrainRecord.from_record(drain), phase)
+
+    # --- /status ---------------------------------------------------------------------------
+
+    def etag(self) -> str:
+        return f'"{self.instance}-{self.machine.generation}"'
+
+    def status_bytes(self) -> tuple[int, str, bytes]:
+        """(generation, ETag, body) of ``/status``, serialized once per generation."""
+        cache = self._cache
+        generation = self.machine.generation
+        if cache is not None and cache[0] == generation and self.settings.status_cache:
+            return cache
+        body = json.dumps(self.status_document(), separators=(",", ":")).encode()
+        cache = (generation, self.etag(), body)
+        self._cache = cache
+        return cache
+
+    def status_document(self) -> dict[str, Any]:
+        """The ``/status`` document (the drain summary is the same document at ``done``)."""
+        controller = self.controller
+        phase = self.machine.phase
+        current = controller.drain if phase is not Phase.SERVING else None
+        last = controller.last
+        processes = self.process_list()
+        counts = {fate.value: 0 for fate in Fate}
+        for entry in processes:
+            counts[entry["fate"]] += 1
+        return {
+            "phase": phase.value,
+            "generation": self.machine.generation,
+            "ready": phase is Phase.SERVING,
+            "drain": current.to_status() if current else None,
+            "outcome": (current.outcome if current else (last.outcome if last else None)),
+            "last_drain": last.to_status() if last else None,
+            "workers": [w.to_status() for w in self.registry.workers.values()],
+            "migrations": [m.to_dict() for m in self.migrations.pending.values()],
+            "migration_counts": self.migrations.counts(),
+            "processes": processes,
+            "counts": counts,
+            "adopted": [{"pid": f.pid, "name": f.name} for f in self.adopted],
+            "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
+            "coordinator": {"pid": os.getpid(), "version": __version__,
+                            "started_at": self.started_at},
+        }
+
+    def process_list(self) -> list[dict[str, Any]]:
+        merged: dict[int, ProcessOutcome] = dict(self.scanned)
+        drain = self.controller.drain or self.controller.last
+        if drain is not None and self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+            if self.machine.phase is Phase.DONE:
+                merged = {}
+            for outcome in drain.outcomes.values():
+                merged[outcome.pid] = outcome
+        return [process_entry(o) for o in sorted(merged.values(), key=lambda o: o.pid)]
+
+    # --- process scan (for /status while no kill runs) ---------------------------------------
+
+    async def rescan(self) -> None:
+        """Re-discover adopted roots and re-list every registered and adopted tree."""
+        roots = [(w.pid, w.role) for w in self.registry.alive()]
+        registered = [pid for pid, _ in roots]
+        adopted, scanned = await asyncio.to_thread(self._scan, roots, registered)
+        changed = ({f.pid for f in adopted} != {f.pid for f in self.adopted}
+                   or scanned.keys() != self.scanned.keys())
+        self.adopted = adopted
+        self.scanned = scanned
+        if changed:
+            self.bump()
+
+    def _scan(self, roots: list[tuple[int, str]], registered: list[int],
+              ) -> tuple[list[identity.ProcessFacts], dict[int, ProcessOutcome]]:
+        adopted = adoption.discover(self.rules, exclude=registered)
+        scanned: dict[int, ProcessOutcome] = {}
+        for root_pid, role in [*roots, *((f.pid, "adopted") for f in adopted)]:
+            for found, depth in identity.tree(root_pid):
+                scanned.setdefault(found.pid, ProcessOutcome(
+                    pid=found.pid, name=found.name, start_time=found.start_time,
+                    cmdline=found.cmdline, root_pid=root_pid, parent_pid=found.ppid,
+                    depth=depth, role=role if depth == 0 else None))
+        return adopted, scanned
+
+    async def _scan_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.process_scan_interval_s)
+            if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+                continue
+            try:
+                await self.rescan()
+            except Exception:
+                log.exception("process scan failed")
+
+    # --- workers -----------------------------------------------------------------------------
+
+    def register(self, body: RegisterRequest) -> tuple[Worker, bool]:
+        """Vet and register a worker (``RefusedTarget``/``TargetNotFound`` on refusal)."""
+        phase = self.machine.phase
+        if phase in (Phase.TERMINATING, Phase.DONE):
+            raise DrainConflict(f"cannot register a worker while {phase}")
+        found = identity.vet(body.pid, body.start_time, self.settings.confine_to_pid)
+        tiers = tuple(
+            TierSpec(
+                name=t.name, pattern=t.pattern, roles=tuple(t.roles),
+                signal=int(signal.Signals[t.signal]),
+                **({"timeout_s": t.timeout_s} if t.timeout_s is not None else {}),
+            )
+            for t in body.tiers
+        )
+        state = WorkerState.SERVING if phase is Phase.SERVING else WorkerState.DRAINING
+        worker, created = self.registry.register(
+            found, role=body.role, name=body.name, url=body.url, tiers=tiers,
+            include_tree=body.include_tree, state=state)
+        if created:
+            self.metrics.workers.set(len(self.registry.workers))
+            asyncio.get_running_loop().create_task(self.rescan())
+        return worker, created
+
+    def deregister(self, worker_id: str) -> Worker | None:
+        worker = self.registry.deregister(worker_id)
+        if worker is not None:
+            self.notifier.close_worker(worker_id)
+            self.metrics.workers.set(len(self.registry.workers))
+            self.scanned = {p: o for p, o in self.scanned.items() if o.root_pid != worker.pid}
+            self.bump()
+        return worker
+
+    def report(self, worker: Worker, body: ReportRequest) -> None:
+        """A worker's in-flight count, handoffs and pre-kill confirmation."""
+        for handoff in body.handoffs:
+            if self.migrations.add(worker.id, worker.url, handoff.request_id, handoff.tokens,
+                                   handoff.detail):
+                worker.handed_back += 1
+                self.metrics.migrations.labels("handed_back").inc()
+        if body.inflight is not None:
+            worker.inflight = body.inflight
+            if body.inflight == 0 and worker.state is WorkerState.DRAINING:
+                worker.state = WorkerState.DRAINED
+        if body.prekill_done:
+            worker.prekill_done = True
+        self.bump()
+
+    def ack(self, request_ids: list[str]) -> tuple[list[str], list[str]]:
+        acked, unknown = self.migrations.ack(request_ids)
+        if acked:
+            self.metrics.migrations.labels("acked").inc(len(acked))
+            self.bump()
+        return acked, unknown
+
+    def stream_opened(self, worker: Worker) -> None:
+        worker.connected += 1
+        self.bump()
+
+    def stream_closed(self, worker: Worker) -> None:
+        worker.connected = max(0, worker.connected - 1)
+        self.bump()
+
+    def catch_up_events(self) -> list[dict[str, Any]]:
+        """Events a stream opened mid-drain must see right after its ``hello``."""
+        drain = self.controller.drain
+        phase = self.machine.phase
+        if drain is None or phase in (Phase.SERVING, Phase.DONE):
+            return []
+        events = [self._drain_event(drain)]
+        if phase is Phase.TERMINATING:
+            events.append(self._terminate_event(drain))
+        return events
+
+    # --- Fleet (the drain controller's view) ------------------------------------------------
+
+    def _drain_event(self, drain: DrainRecord) -> dict[str, Any]:
+        d = drain.deadlines
+        return {"type": "drain", "generation": self.machine.generation, "reason": drain.reason,
+                "started_at": d.started_at, "deadline_at": d.deadline_at,
+                "migration_deadline_at": d.migration_deadline_at}
+
+    def _terminate_event(self, drain: DrainRecord) -> dict[str, Any]:
+        return {"type": "terminate", "generation": self.machine.generation,
+                "deadline_at": drain.deadlines.deadline_at}
+
+    def drain_started(self, drain: DrainRecord) -> None:
+        self.notifier.publish(self._drain_event(drain))
+        for worker in self.registry.alive():
+            if worker.state is WorkerState.SERVING:
+                worker.state = WorkerState.DRAINING
+        self.metrics.drains_started.inc()
+        self.bump()
+
+    def drain_aborted(self) -> None:
+        self.notifier.publish({"type": "abort", "generation": self.machine.generation})
+        for worker in self.registry.alive():
+            worker.state = WorkerState.SERVING
+            worker.prekill_done = False
+
+    def terminating(self, drain: DrainRecord) -> list[str]:
+        self.notifier.publish(self._terminate_event(drain))
+        waiting: list[str] = []
+        for worker in self.registry.alive():
+            worker.state = WorkerState.TERMINATING
+            if self.notifier.connected(worker.id) and not worker.prekill_done:
+                waiting.append(worker.id)
+        self.bump()
+        return waiting
+
+    def migration_settled(self) -> bool:
+        if self.migrations.pending:
+            return False
+        return all(not w.inflight for w in self.registry.alive())
+
+    def prekill_settled(self, worker_ids: list[str]) -> bool:
+        for worker_id in worker_ids:
+            worker = self.registry.workers.get(worker_id)
+            if (worker is not None and worker.alive and not worker.prekill_done
+                    and self.notifier.connected(worker_id)):
+                return False
+        return True
+
+    def kill_targets(self) -> list[Target]:
+        targets = [w.target() for w in self.registry.alive()]
+        registered = {t.pid for t in targets}
+        self.adopted = adoption.discover(self.rules, exclude=registered)
+        targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted")
+                       for f in self.adopted)
+        # Descendants of workers whose root already exited may have been re-parented away
+        # from their tree: take the last known ones by identity (gone ones are reported gone).
+        exited_roots = {w.pid for w in self.registry.workers.values() if not w.alive}
+        for outcome in self.scanned.values():
+            if outcome.root_pid in exited_roots and outcome.depth > 0:
+                targets.append(Target(pid=outcome.pid, start_time=outcome.start_time,
+                                      role=outcome.role or "orphan", include_tree=True))
+        return targets
+
+    def budget_ended(self) -> None:
+        expired = self.migrations.expire_all()
+        if expired:
+            self.metrics.migrations.labels("expired").inc(expired)
+            self.bump()
+
+    def _finished(self, drain: DrainRecord) -> None:
+        self.metrics.drains.labels(drain.outcome or "unknown").inc()
+        self.metrics.drain_seconds.observe(
+            max(0.0, (drain.ended_at or time.time()) - drain.deadlines.started_at))
+        if drain.outcome != "aborted":
+            for outcome in drain.outcomes.values():
+                self.metrics.fates.labels(outcome.fate.value).inc()
+        self.bump()

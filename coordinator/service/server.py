@@ -1,0 +1,131 @@
+"""Runs the coordinator on uvicorn, and stops it the way a sidecar must.
+
+Shutdown on SIGTERM/SIGINT, as steps:
+
+    1. the signal handler only records the signal;
+    2. the server's loop (uvicorn's tick) sees it; while a drain runs it keeps serving, so
+       the drain finishes within its budget and ``GET /drain`` callers get their summary;
+    3. then the workers' event streams are closed and uvicorn shuts down (listeners,
+       connections, bounded wait), and the process exits 0.
+
+A second SIGINT (or SIGQUIT) escalates: stop now, without waiting for the drain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+from collections.abc import Generator
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from coordinator.drain.controller import KillFn
+from coordinator.service.app import create_app
+from coordinator.service.runtime import Coordinator
+from coordinator.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+SHUTDOWN_BOUND_S = 5
+"""Seconds uvicorn waits for open connections after the drain is over."""
+
+
+def _pick(module: str, fallback: str, preferred: str) -> str:
+    try:
+        __import__(module)
+    except ImportError:
+        return fallback
+    return preferred
+
+
+class CoordinatorServer(uvicorn.Server):
+    """uvicorn's server with a drain-aware stop."""
+
+    def __init__(self, config: uvicorn.Config, coordinator: Coordinator) -> None:
+        super().__init__(config)
+        self.coordinator = coordinator
+        self.stop_signals: list[int] = []
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        # uvicorn re-raises captured signals after serving; a sidecar stopped on request
+        # must exit 0 instead, so the handlers are ours and nothing is re-raised.
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # Only record: the loop acts on it in on_tick.
+        self.stop_signals.append(sig)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.stop_signals and not self.should_exit:
+            forced = signal.SIGQUIT in self.stop_signals or self.stop_signals.count(
+                signal.SIGINT) > 1
+            if forced or not self.coordinator.controller.running:
+                if forced:
+                    self.force_exit = True
+                log.info("stopping (signal %s)", signal.Signals(self.stop_signals[0]).name)
+                self.coordinator.notifier.close_all()
+                self.should_exit = True
+        return await super().on_tick(counter)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket (so the real port is known before serving, even with port 0)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def write_port_file(path: Path, host: str, port: int) -> None:
+    """Tell whoever started us where we listen (written atomically)."""
+    shown = f"[{host}]" if ":" in host else host
+    data = {"host": host, "port": port, "url": f"http://{shown}:{port}", "pid": os.getpid()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def build_server(settings: Settings, *, kill: KillFn | None = None) -> CoordinatorServer:
+    """The app wrapped in a ``CoordinatorServer`` (not started)."""
+    app = create_app(settings, kill=kill)
+    config = uvicorn.Config(
+        app,
+        loop=_pick("uvloop", "asyncio", "uvloop"),
+        http=_pick("httptools", "h11", "httptools"),
+        log_level=settings.log_level,
+        access_log=settings.log_level in ("debug", "trace"),
+        timeout_graceful_shutdown=SHUTDOWN_BOUND_S,
+        lifespan="on",
+        server_header=False,
+    )
+    return CoordinatorServer(config, app.state.coordinator)
+
+
+def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
+    """Run until stopped; returns the process exit code (0 on a requested stop)."""
+    logging.basicConfig(level=settings.log_level.upper().replace("TRACE", "DEBUG"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sock = bind(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    server = build_server(settings, kill=kill)
+    if settings.port_file is not None:
+        write_port_file(settings.port_file, settings.host, port)
+    print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)
+    server.run(sockets=[sock])
+    return 0 if server.started or server.stop_signals else 1
