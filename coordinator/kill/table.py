@@ -111,16 +111,21 @@ class ProcessTable:
         process and its parent is not tracked (a fork whose parent exited and left it to be
         reparented). Returns the PIDs newly tracked.
         """
+        parents = [
+            t
+            for t in self.live.values()
+            if not t.exited and self.targets.get(t.member.root_pid, Target(0)).include_tree
+        ]
+        if not parents and not self._groups():
+            return []  # nothing can have descendants to find: spare the /proc scan
         snap = procfs.snapshot()
         boot = procfs.boot_time()
         kids = procfs.children_by_parent(snap.values())
         new: list[int] = []
         frontier = [
             t
-            for t in self.live.values()
-            if self.targets.get(t.member.root_pid, Target(0)).include_tree
-            and (s := snap.get(t.member.pid)) is not None
-            and s.start_ticks == t.start_ticks
+            for t in parents
+            if (s := snap.get(t.member.pid)) is not None and s.start_ticks == t.start_ticks
         ]
         while True:
             while frontier:
@@ -134,6 +139,16 @@ class ProcessTable:
             if not frontier:
                 return new
             new += [t.member.pid for t in frontier]
+
+    def _groups(self) -> dict[int, Tracked]:
+        """Process groups of tracked processes (not ours), each with its deepest member."""
+        groups: dict[int, Tracked] = {}
+        for t in self.live.values():
+            if t.pgid in (0, 1, self._own_pgid):
+                continue
+            if t.pgid not in groups or t.member.depth > groups[t.pgid].member.depth:
+                groups[t.pgid] = t
+        return groups
 
     def _admit_child(
         self, pid: int, snap: Mapping[int, procfs.ProcStat], parent: Tracked, boot: float
@@ -150,12 +165,7 @@ class ProcessTable:
     def _orphans_of_groups(
         self, snap: Mapping[int, procfs.ProcStat], boot: float
     ) -> list[Tracked]:
-        groups: dict[int, Tracked] = {}
-        for t in self.live.values():
-            if t.pgid in (0, 1, self._own_pgid):
-                continue
-            if t.pgid not in groups or t.member.depth > groups[t.pgid].member.depth:
-                groups[t.pgid] = t
+        groups = self._groups()
         if not groups:
             return []
         # Compared in the kernel's own clock: start ticks count from boot (CLOCK_BOOTTIME),
