@@ -15,6 +15,7 @@ from tests.deploy import crd_schemas
 from tests.deploy.invariants import CHECKS
 from tests.deploy.rendering import (
     ENGINE,
+    REPO,
     VARIANTS,
     Rendered,
     Variant,
@@ -145,3 +146,35 @@ def test_engine_container_is_named_for_the_checks(renders: dict[str, Rendered]) 
     """1. Every variant has exactly one engine container, named as the checks expect."""
     for rendered in renders.values():
         assert [c["name"] for _, c in rendered.containers()].count(ENGINE) == 1
+
+
+DOC_ROWS = {
+    "sglang": "| sglang, vllm |",
+    "vllm": "| sglang, vllm |",
+    "dynamo-worker": "| dynamo-worker |",
+    "adopted-vllm": "| adopted-vllm |",
+}
+
+
+@pytest.mark.parametrize("overlay", sorted(DOC_ROWS))
+def test_documented_budget_matches_the_overlay(overlay: str, renders: dict[str, Rendered]) -> None:
+    """1. Take the overlay's grace period, safety margin and min-drain as rendered.
+    2. Split the budget with the coordinator's own arithmetic (coordinator.drain.budget).
+    3. docs/deploy.md's budget table shows exactly those numbers for the overlay.
+    """
+    budget = pytest.importorskip("coordinator.drain.budget")
+    settings = renders[overlay].settings
+    grace = float(settings["SHUTDOWN_COORDINATOR_GRACE_PERIOD_S"])
+    margin = float(settings["SHUTDOWN_COORDINATOR_SAFETY_MARGIN_S"])
+    split = budget.split_budget(
+        budget.total_budget(grace, margin),
+        tier_timeout_s=10.0,
+        confirm_s=2.0,
+        min_drain_s=float(settings["SHUTDOWN_COORDINATOR_MIN_DRAIN_S"]),
+    )
+    numbers = [grace, margin, split.total_s, split.migration_s, split.termination_s]
+    expected = " | ".join(f"{n:g}" for n in [*numbers, split.min_drain_s])
+    doc = (REPO / "docs" / "deploy.md").read_text()
+    rows = [line for line in doc.splitlines() if line.startswith(DOC_ROWS[overlay])]
+    assert len(rows) == 1
+    assert rows[0].endswith(f"| {expected} |"), rows[0]
