@@ -122,7 +122,13 @@ class EngineMain:
         self.record.update(knobs=self.knobs.to_argv())
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.knobs.host, self.knobs.port))
+        try:
+            sock.bind((self.knobs.host, self.knobs.port))
+        except OSError as exc:
+            why = f"cannot listen on {self.knobs.host}:{self.knobs.port}: {exc.strerror}"
+            print(why, file=sys.stderr)
+            self.record.ended(EXIT_STARTUP_FAILED, cleanup=CLEANUP_INTERRUPTED, detail=why)
+            return EXIT_STARTUP_FAILED
         sock.listen(2048)
         self.port = sock.getsockname()[1]
         # Installed before the children start: a signal that comes meanwhile is acted on
