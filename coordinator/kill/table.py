@@ -102,6 +102,25 @@ class ProcessTable:
         for target in self.targets.values():
             member = Member(target.pid, None, 0, "", "", target.role, target.pid)
             self._admit(target.pid, member, expected_start=target.start_time, boot=boot)
+        self._nest_roots()
+
+    def _nest_roots(self) -> None:
+        """A target inside another target's tree (adopting by pattern finds both) takes its
+        place in that tree, so it is not ended together with its ancestor in the last tier."""
+        chains = {pid: procfs.ancestors(pid) for pid in self.live}
+        for pid in sorted(chains, key=lambda p: len(chains[p])):
+            t = self.live[pid]
+            for distance, ancestor in enumerate(chains[pid], start=1):
+                top = self.live.get(ancestor)
+                if top is None or not self.targets[top.member.root_pid].include_tree:
+                    continue
+                t.member = Member(
+                    pid, chains[pid][0], top.member.depth + distance, t.member.name,
+                    t.member.cmdline, t.member.role, top.member.root_pid,
+                )
+                t.outcome.depth, t.outcome.root_pid = t.member.depth, t.member.root_pid
+                t.outcome.parent_pid = t.member.parent_pid
+                break
 
     def discover(self) -> list[int]:
         """Step 2b: one pass over ``/proc``; track every new process of the trees.

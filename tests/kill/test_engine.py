@@ -133,6 +133,21 @@ async def test_processes_forked_during_shutdown_are_found_and_terminated(
     assert len(report.processes) == len(tree.pids()) + 2
 
 
+async def test_a_target_inside_another_targets_tree_keeps_its_depth(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. a tree root with a child with cleanup; 2. both given as targets (as adoption by
+    pattern would); 3. the child is ended in its depth tier, before the root is signalled."""
+    tree = start_tree(janitor, {"children": [{"role": "c", "teardown": 0.2}]}, tmp_path)
+    (child,) = tree.pids("c")
+    report = await terminate([Target(tree.pid), Target(child)], KillPolicy(deadline_s=30))
+    outcomes = by_pid(report.processes)
+    assert (outcomes[child].tier, outcomes[child].depth) == ("depth-1", 1)
+    assert outcomes[child].root_pid == tree.pid
+    markers = tree.markers()
+    assert markers[child]["ended_at"] <= markers[tree.pid]["signalled_at"]
+
+
 async def test_a_recycled_pid_is_reported_gone_and_left_alone(janitor: ProcessJanitor) -> None:
     """1. a live process; 2. a Target with its PID but another start time (a PID reused
     since registration); 3. reported gone; 4. the live process was never signalled."""
