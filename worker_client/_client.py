@@ -1,0 +1,365 @@
+"""The worker's link to its coordinator: registration, drain notice, reports, pre-kill hooks."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+import random
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, ParamSpec, TypeVar
+
+import httpx
+
+from worker_client._events import EventStream, StreamRefused, WorkerUnknown
+from worker_client._registration import Registration, Tier, register
+from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
+from worker_client._tracking import Tracker, TrackScope
+from worker_client.errors import CoordinatorRefused, HandedBack
+
+log = logging.getLogger("worker_client")
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+PrekillHook = Callable[[], Any]
+"""A plain function or a coroutine function (run on the engine's loop)."""
+
+PREKILL_HOOK_TIMEOUT_S = 5.0
+"""How long one pre-kill hook may take before ``prekill_done`` is reported anyway."""
+
+DRAIN_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
+"""Coordinator phases in which a (re)connecting worker must consider itself drained."""
+
+RECONNECT_FIRST_S = 0.02
+RECONNECT_MAX_S = 2.0
+
+
+class WorkerClient:
+    """Registers this engine process with its coordinator and follows the drain.
+
+    ``shutdown_event`` (asyncio) and ``draining`` (threading) are set the moment a drain
+    starts; ``track()`` wraps each request's generation. Without a coordinator URL (or while
+    the coordinator is unreachable) the engine serves normally and a local drain still works.
+    """
+
+    def __init__(
+        self,
+        coordinator_url: str | None,
+        *,
+        token: str | None = None,
+        role: str = "worker",
+        url: str | None = None,
+        name: str | None = None,
+        pid: int | None = None,
+        tiers: Sequence[Tier] = (),
+        include_tree: bool = True,
+        report_window_s: float = DEFAULT_WINDOW_S,
+    ) -> None:
+        self.coordinator_url = coordinator_url.rstrip("/") if coordinator_url else None
+        self.registration = Registration(
+            role=role, url=url, name=name, tiers=tuple(tiers), include_tree=include_tree,
+            **({"pid": pid} if pid is not None else {}),
+        )
+        self.shutdown_event = asyncio.Event()
+        """Set on the engine's loop when a drain starts; cleared if the drain is aborted."""
+        self.draining = threading.Event()
+        """The same, for code that is not asyncio."""
+        self.registered = threading.Event()
+        self.worker_id: str | None = None
+        self.drain: dict[str, Any] | None = None
+        """The last ``drain`` event (reason, deadlines), None while serving."""
+        self.drain_received_at: float | None = None
+        """time.monotonic() when the drain notice was read off the socket."""
+        self.shutdown_set_at: float | None = None
+        """time.monotonic() when ``shutdown_event`` was set on the loop."""
+        self.unreported_handoffs = 0
+        """Handed-back requests that had no request id yet (they cannot be reported)."""
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = threading.Event()
+        self._stream: EventStream | None = None
+        self._thread: threading.Thread | None = None
+        self._prekill_hooks: list[PrekillHook] = []
+        self._drain_listeners: list[Callable[[], None]] = []
+        self._http = httpx.Client(
+            base_url=self.coordinator_url or "http://invalid", headers=self._headers,
+            timeout=httpx.Timeout(5.0, connect=1.0),
+        )
+        self._tracker = Tracker(self._on_inflight, self._on_handoff)
+        self._reporter = Reporter(self._post_report, window_s=report_window_s)
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def start(self, loop: asyncio.AbstractEventLoop | None = None) -> WorkerClient:
+        """Bind to the engine's loop (the running one by default) and start registering."""
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        self._loop = loop
+        if self.coordinator_url and self._thread is None:
+            self._thread = threading.Thread(
+                target=self._follow_coordinator, name="worker-client-events", daemon=True
+            )
+            self._thread.start()
+        return self
+
+    def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Bind to a loop that did not exist when ``start`` ran."""
+        self._loop = loop
+
+    def close(self, deregister: bool | None = None) -> None:
+        """Stop the background threads; deregister unless a drain is on (by default)."""
+        if deregister is None:
+            deregister = not self.draining.is_set()
+        if self.registered.is_set():
+            self._reporter.flush(timeout=1.0)
+        self._closed.set()
+        if self._stream is not None:
+            self._stream.close()
+        if deregister and self.worker_id is not None:
+            with contextlib.suppress(httpx.HTTPError):
+                self._http.delete(f"/workers/{self.worker_id}")
+        self._reporter.close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+        self._http.close()
+
+    # -- requests ---------------------------------------------------------------------------
+
+    @property
+    def inflight(self) -> int:
+        return self._tracker.inflight
+
+    def track(self, request_id: str | None = None) -> TrackScope:
+        """``async with client.track(rid) as req:`` around one request's generation."""
+        return TrackScope(self._tracker, request_id)
+
+    def tracked(
+        self, fn: Callable[P, Awaitable[T]], *, id_arg: str = "request_id"
+    ) -> Callable[P, Awaitable[T]]:
+        """Decorate a coroutine function: tracked, interrupted by a drain (raises HandedBack).
+
+        The request id is taken from the keyword argument named ``id_arg`` when present.
+        """
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+            async with self.track(_request_id(kwargs, id_arg)) as req:
+                return await req.run(fn(*args, **kwargs))
+            raise HandedBack(req.request_id, req.tokens)
+
+        return wrapper
+
+    def tracked_stream(
+        self, fn: Callable[P, AsyncIterator[T]], *, id_arg: str = "request_id"
+    ) -> Callable[P, AsyncIterator[T]]:
+        """Decorate an async generator function: its items stop at a drain, then HandedBack."""
+
+        @functools.wraps(fn)
+        async def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncIterator[T]:
+            async with self.track(_request_id(kwargs, id_arg)) as req:
+                async for item in req.stream(fn(*args, **kwargs)):
+                    yield item
+            if req.handed_back:
+                raise HandedBack(req.request_id, req.tokens)
+
+        return wrapper
+
+    # -- hooks ------------------------------------------------------------------------------
+
+    def add_prekill_hook(self, hook: PrekillHook) -> None:
+        """Run ``hook`` when the kill phase is about to start (e.g. stand down a watchdog)."""
+        self._prekill_hooks.append(hook)
+
+    def on_drain(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (on the loop, or in the reader thread without one) at a drain."""
+        self._drain_listeners.append(listener)
+
+    # -- the drain --------------------------------------------------------------------------
+
+    def start_local_drain(self, reason: str) -> None:
+        """A drain seen first by this process (a SIGTERM): start it here and tell the coordinator.
+
+        Sets the shutdown at once, then asks the coordinator (``POST /drain``, ``wait=false``)
+        in the background so the whole pod drains the same way.
+        """
+        self._begin_drain({"type": "drain", "reason": reason, "source": "local"})
+        if self.coordinator_url:
+            threading.Thread(
+                target=self._request_drain, args=(reason,), name="worker-client-drain", daemon=True
+            ).start()
+
+    def wait_drained(self, timeout: float) -> bool:
+        """Block until no request is in flight and every handoff was reported (True)."""
+        deadline = time.monotonic() + timeout
+        while self._tracker.inflight > 0:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        if not self.registered.is_set():
+            return True
+        return self._reporter.flush(max(0.0, deadline - time.monotonic()))
+
+    def _request_drain(self, reason: str) -> None:
+        try:
+            self._http.post("/drain", json={"wait": False, "reason": reason})
+        except httpx.HTTPError as exc:
+            log.warning("could not ask the coordinator to drain: %s", exc)
+
+    def _begin_drain(self, event: dict[str, Any]) -> None:
+        if self.draining.is_set():
+            return
+        self.drain = event
+        self.drain_received_at = time.monotonic()
+        self._tracker.shutting_down = True
+        self.draining.set()
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._shutdown_on_loop)
+            except RuntimeError:  # the loop closed in between
+                self._shutdown_on_loop()
+        else:
+            self._shutdown_on_loop()
+        self._reporter.inflight(self._tracker.inflight)
+
+    def _shutdown_on_loop(self) -> None:
+        if not self._tracker.shutting_down:  # aborted before the loop got to it
+            return
+        self.shutdown_set_at = time.monotonic()
+        self.shutdown_event.set()
+        self._tracker.interrupt_all()
+        for listener in self._drain_listeners:
+            listener()
+
+    def _abort_drain(self) -> None:
+        if not self.draining.is_set():
+            return
+        self.drain = None
+        self._tracker.resume()
+        self.draining.clear()
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self.shutdown_event.clear)
+        else:
+            self.shutdown_event.clear()
+
+    # -- background: registration and the event stream -------------------------------------
+
+    def _follow_coordinator(self) -> None:
+        failures = 0
+        while not self._closed.is_set():
+            try:
+                if self.worker_id is None:
+                    self._register()
+                assert self.worker_id is not None
+                self._stream = EventStream(
+                    f"{self.coordinator_url}/workers/{self.worker_id}/events", self._headers
+                )
+                self._stream.run(self._on_event)
+            except WorkerUnknown:
+                log.info("coordinator forgot worker %s; registering again", self.worker_id)
+                self._forget_registration()
+                continue
+            except CoordinatorRefused as exc:
+                log.error("%s; the engine keeps serving without a coordinator", exc)
+                return
+            except StreamRefused as exc:
+                if exc.status in (401, 403):
+                    log.error("%s; the engine keeps serving without a coordinator", exc)
+                    return
+            except RuntimeError:
+                return  # closed while registering
+            except Exception as exc:  # the stream broke: open it again
+                log.debug("event stream ended: %r", exc)
+            if self._closed.is_set():
+                return
+            if self._stream_was_healthy:
+                failures = 0
+            failures += 1
+            self._stream_was_healthy = False
+            delay = min(RECONNECT_MAX_S, RECONNECT_FIRST_S * 2 ** (failures - 1))
+            self._closed.wait(delay * (0.5 + random.random()))
+
+    _stream_was_healthy = False
+
+    def _register(self) -> None:
+        data = register(
+            self._http, self.registration, stop_when=self._closed.is_set, sleep=self._closed.wait
+        )
+        self.worker_id = str(data["id"])
+        self.registered.set()
+        self._reporter.enable(True)
+        log.info("registered with %s as worker %s", self.coordinator_url, self.worker_id)
+        if data.get("phase") in DRAIN_PHASES:
+            self._begin_drain({"type": "drain", "reason": "joined a running drain"})
+
+    def _forget_registration(self) -> None:
+        self._reporter.enable(False)
+        self.registered.clear()
+        self.worker_id = None
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("type")
+        if kind == "drain":
+            self._begin_drain(event)
+        elif kind == "hello":
+            self._stream_was_healthy = True
+            phase = event.get("phase")
+            if phase in DRAIN_PHASES:
+                self._begin_drain({**event, "type": "drain"})
+            elif phase == "serving" and self.drain and self.drain.get("source") != "local":
+                self._abort_drain()
+        elif kind == "abort":
+            self._abort_drain()
+        elif kind == "terminate":
+            threading.Thread(target=self._run_prekill_hooks, name="worker-client-prekill",
+                             daemon=True).start()
+
+    def _run_prekill_hooks(self) -> None:
+        for hook in self._prekill_hooks:
+            try:
+                if inspect.iscoroutinefunction(hook):
+                    if self._loop is None or self._loop.is_closed():
+                        asyncio.run(hook())
+                    else:
+                        asyncio.run_coroutine_threadsafe(hook(), self._loop).result(
+                            PREKILL_HOOK_TIMEOUT_S
+                        )
+                else:
+                    hook()
+            except Exception:
+                log.exception("pre-kill hook %r failed", hook)
+        self._reporter.prekill_done()
+
+    # -- reports ----------------------------------------------------------------------------
+
+    def _on_inflight(self, count: int) -> None:
+        if self.draining.is_set():
+            self._reporter.inflight(count)
+
+    def _on_handoff(self, request_id: str | None, tokens: int, detail: str) -> None:
+        if request_id is None:
+            self.unreported_handoffs += 1
+            return
+        self._reporter.handoff(request_id, tokens, detail)
+
+    def _post_report(self, report: dict[str, Any]) -> None:
+        worker_id = self.worker_id
+        if worker_id is None:
+            raise RuntimeError("not registered")
+        resp = self._http.post(f"/workers/{worker_id}/report", json=report)
+        if resp.status_code == 404 and self._stream is not None:
+            self._stream.close()  # the events thread registers again
+        resp.raise_for_status()
+
+
+def _request_id(kwargs: dict[str, Any], id_arg: str) -> str | None:
+    value = kwargs.get(id_arg)
+    return None if value is None else str(value)

@@ -1,0 +1,127 @@
+"""Send the worker's reports to the coordinator in batches, from a thread of its own.
+
+Handed-back requests and in-flight counts are collected for a short coalescing window and sent
+as one ``POST /workers/{id}/report``: a drain interrupts every request of a worker within one
+loop iteration, so a window of a few milliseconds turns a burst of handoffs into one call.
+Nothing is sent per token. ``prekill_done`` is sent at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+DEFAULT_WINDOW_S = 0.005
+"""Coalescing window (s): long enough to gather one drain's burst of handoffs (they all end
+within one or two loop iterations), short against the 50 ms handoff-visibility goal."""
+
+RETRY_DELAY_S = 0.05
+"""First pause after a failed report; doubles up to MAX_RETRY_DELAY_S."""
+MAX_RETRY_DELAY_S = 1.0
+
+Report = dict[str, Any]
+
+
+class Reporter:
+    """Collects reports and posts them; ``post`` raises on failure and the batch is kept."""
+
+    def __init__(self, post: Callable[[Report], None], window_s: float = DEFAULT_WINDOW_S) -> None:
+        self._post = post
+        self._window_s = window_s
+        self._cond = threading.Condition()
+        self._handoffs: list[dict[str, Any]] = []
+        self._inflight: int | None = None
+        self._prekill_done = False
+        self._first_pending_at: float | None = None
+        self._enabled = False
+        self._closed = False
+        self._idle = threading.Event()
+        self._idle.set()
+        self._thread = threading.Thread(
+            target=self._run, name="worker-client-reporter", daemon=True
+        )
+        self._thread.start()
+
+    def enable(self, enabled: bool = True) -> None:
+        """Reports are only sent while the worker is registered (they wait otherwise)."""
+        with self._cond:
+            self._enabled = enabled
+            self._cond.notify()
+
+    def handoff(self, request_id: str, tokens: int, detail: str = "") -> None:
+        item: dict[str, Any] = {"request_id": request_id, "tokens": tokens}
+        if detail:
+            item["detail"] = detail
+        with self._cond:
+            self._handoffs.append(item)
+            self._pending()
+
+    def inflight(self, count: int) -> None:
+        with self._cond:
+            self._inflight = count
+            self._pending()
+
+    def prekill_done(self) -> None:
+        with self._cond:
+            self._prekill_done = True
+            self._pending(urgent=True)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait until everything collected so far has been sent (True) or ``timeout`` passed."""
+        with self._cond:
+            self._cond.notify()
+        return self._idle.wait(timeout)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _pending(self, urgent: bool = False) -> None:
+        self._idle.clear()
+        if self._first_pending_at is None or urgent:
+            self._first_pending_at = time.monotonic() - (self._window_s if urgent else 0.0)
+        self._cond.notify()
+
+    def _has_pending(self) -> bool:
+        return bool(self._handoffs) or self._inflight is not None or self._prekill_done
+
+    def _run(self) -> None:
+        delay = RETRY_DELAY_S
+        while True:
+            with self._cond:
+                while not self._closed and not (self._enabled and self._has_pending()):
+                    if not self._has_pending():
+                        self._idle.set()
+                    self._cond.wait()
+                if self._closed:
+                    return
+                # 1. Let the burst gather for the rest of the window.
+                assert self._first_pending_at is not None
+                while (left := self._first_pending_at + self._window_s - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                # 2. Take the batch.
+                report: Report = {}
+                if self._handoffs:
+                    report["handoffs"] = self._handoffs
+                if self._inflight is not None:
+                    report["inflight"] = self._inflight
+                if self._prekill_done:
+                    report["prekill_done"] = True
+                self._handoffs, self._inflight, self._prekill_done = [], None, False
+                self._first_pending_at = None
+            # 3. Send it; on failure put it back (newer inflight counts win) and back off.
+            try:
+                self._post(report)
+                delay = RETRY_DELAY_S
+            except Exception:
+                with self._cond:
+                    self._handoffs[:0] = report.get("handoffs", [])
+                    if self._inflight is None and "inflight" in report:
+                        self._inflight = report["inflight"]
+                    self._prekill_done = self._prekill_done or "prekill_done" in report
+                    self._first_pending_at = time.monotonic()
+                    self._cond.wait(delay)
+                delay = min(delay * 2, MAX_RETRY_DELAY_S)

@@ -1,0 +1,213 @@
+"""Put the drain in front of the engine's own SIGTERM/SIGINT handling.
+
+What happens to a SIGTERM or SIGINT once ``install_graceful_shutdown`` ran:
+
+1. Our handler only records the signal and wakes a helper thread (signal handlers only record).
+2. The helper starts the drain here (``shutdown_event`` is set, every tracked request is handed
+   back) and asks the coordinator to drain the whole pod (``POST /drain``, ``wait=false``).
+3. It waits until no request is in flight and every handoff was reported, bounded by the
+   drain's migration deadline.
+4. It releases the signal to the engine: handlers the engine registered later through
+   ``loop.add_signal_handler`` (captured, never installed) run on the loop, and the handler that
+   was installed before ours runs by raising the signal again. SIGINT's default handler raises
+   KeyboardInterrupt, which is why it runs after our part, never before. A SIG_DFL signal with
+   no engine handler ends the process the default way.
+
+Each delivered signal is handled once. The same signal arriving again while the drain waits
+releases it at once (a second Ctrl-C forces, as in uvicorn). After the release, signals go
+straight to the engine's handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any
+
+from worker_client._client import WorkerClient
+
+log = logging.getLogger("worker_client")
+
+DEFAULT_DRAIN_WAIT_S = 30.0
+"""Longest wait for in-flight requests when the drain names no migration deadline (s)."""
+
+Handler = Callable[[int, FrameType | None], Any] | int | signal.Handlers | None
+LoopCallback = tuple[Callable[..., object], tuple[Any, ...]]
+
+
+class GracefulShutdown:
+    """The installed chain; ``uninstall()`` puts the previous handlers back."""
+
+    def __init__(
+        self,
+        client: WorkerClient,
+        loop: asyncio.AbstractEventLoop | None,
+        signals: Sequence[int],
+        drain_wait_s: float,
+    ) -> None:
+        self.client = client
+        self.loop = loop
+        self.signals = tuple(signals)
+        self.drain_wait_s = drain_wait_s
+        self.previous: dict[int, Handler] = {}
+        self.captured: dict[int, list[LoopCallback]] = {s: [] for s in self.signals}
+        """Engine handlers registered through ``loop.add_signal_handler`` after us."""
+        self.released: set[int] = set()
+        self.received: list[int] = []
+        """Every signal our handler saw, in order."""
+        self._started: set[int] = set()
+        self._reraised: set[int] = set()
+        self._lock = threading.Lock()
+        self._escalate = threading.Event()
+        self._patched_loop: Any = None
+
+    # -- installation -----------------------------------------------------------------------
+
+    def install(self) -> GracefulShutdown:
+        for signum in self.signals:
+            self.previous[signum] = signal.getsignal(signum)
+            signal.signal(signum, self._on_signal)
+        if self.loop is not None:
+            self._patch_loop(self.loop)
+        return self
+
+    def uninstall(self) -> None:
+        for signum, handler in self.previous.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if self._patched_loop is not None:
+            for name in ("add_signal_handler", "remove_signal_handler"):
+                with contextlib.suppress(AttributeError):
+                    delattr(self._patched_loop, name)
+            self._patched_loop = None
+
+    def _patch_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        original_add = loop.add_signal_handler
+        original_remove = loop.remove_signal_handler
+
+        def add_signal_handler(sig: int, callback: Callable[..., object], *args: Any) -> None:
+            if sig in self.captured:
+                self.captured[sig].append((callback, args))
+            else:
+                original_add(sig, callback, *args)
+
+        def remove_signal_handler(sig: int) -> bool:
+            if sig in self.captured:
+                found = bool(self.captured[sig])
+                self.captured[sig].clear()
+                return found
+            return original_remove(sig)
+
+        try:
+            # Instance attributes shadow the loop's methods for this loop only.
+            setattr(loop, "add_signal_handler", add_signal_handler)  # noqa: B010
+            setattr(loop, "remove_signal_handler", remove_signal_handler)  # noqa: B010
+            self._patched_loop = loop
+        except (AttributeError, TypeError):
+            log.warning("cannot capture signal handlers of %r (no instance attributes)", loop)
+
+    # -- the signal -------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.received.append(signum)
+        if signum in self.released:
+            if signum in self._reraised:  # our own re-raise: only the previous handler's turn
+                self._reraised.discard(signum)
+                previous = self.previous.get(signum)
+                if callable(previous):
+                    previous(signum, frame)
+            else:
+                self._call_previous(signum, frame)
+            return
+        with self._lock:
+            first = signum not in self._started
+            self._started.add(signum)
+        if first:
+            threading.Thread(
+                target=self._drain_then_release, args=(signum,), name="worker-client-signal",
+                daemon=True,
+            ).start()
+        else:
+            self._escalate.set()
+
+    def _drain_then_release(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        # 1. Start (or join) the drain, here and through the coordinator.
+        self.client.start_local_drain(f"{name} to engine pid {os.getpid()}")
+        # 2. Wait for the requests to be handed back and reported.
+        deadline = time.monotonic() + self._wait_budget()
+        while self.client.inflight > 0 and not self._escalate.is_set():
+            if time.monotonic() > deadline:
+                log.warning("releasing %s with %d requests in flight", name, self.client.inflight)
+                break
+            self._escalate.wait(0.005)
+        if self.client.registered.is_set():
+            self.client.wait_drained(max(0.0, deadline - time.monotonic()))
+        # 3. Release the signal to the engine's own handlers.
+        self.release(signum)
+
+    def release(self, signum: int) -> None:
+        """Hand ``signum`` to the engine's handlers (the captured ones, then the previous one)."""
+        with self._lock:
+            if signum in self.released:
+                return
+            self.released.add(signum)
+        captured = list(self.captured.get(signum, ()))
+        loop = self.loop
+        for callback, args in captured:
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(callback, *args)
+            else:
+                callback(*args)
+        previous = self.previous.get(signum)
+        if callable(previous):
+            self._reraised.add(signum)
+            signal.pthread_kill(threading.main_thread().ident or 0, signum)
+        elif previous in (signal.SIG_DFL, None) and not captured:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    def _call_previous(self, signum: int, frame: FrameType | None) -> None:
+        previous = self.previous.get(signum)
+        if callable(previous):
+            previous(signum, frame)
+        for callback, args in self.captured.get(signum, ()):
+            if self.loop is not None and not self.loop.is_closed():
+                self.loop.call_soon_threadsafe(callback, *args)
+
+    def _wait_budget(self) -> float:
+        drain = self.client.drain or {}
+        deadline_at = drain.get("migration_deadline_at") or drain.get("deadline_at")
+        if isinstance(deadline_at, int | float):
+            return max(0.0, float(deadline_at) - time.time())
+        return self.drain_wait_s
+
+
+def install_graceful_shutdown(
+    client: WorkerClient,
+    *,
+    loop: asyncio.AbstractEventLoop | None = None,
+    signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT),
+    drain_wait_s: float = DEFAULT_DRAIN_WAIT_S,
+) -> GracefulShutdown:
+    """Chain SIGTERM/SIGINT so the drain runs before the engine's own handlers.
+
+    Call it from the main thread, after the engine installed its own ``signal.signal``
+    handlers (they become the previous handlers, run after the drain). Handlers the engine
+    adds later through ``loop.add_signal_handler`` on ``loop`` (the running loop by default)
+    are captured and run after the drain too.
+    """
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+    if loop is not None and client._loop is None:
+        client.attach_loop(loop)
+    return GracefulShutdown(client, loop, signals, drain_wait_s).install()

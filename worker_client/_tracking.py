@@ -1,0 +1,187 @@
+"""Track each request's generation and end it when a drain starts.
+
+A tracked request is interruptible only while it waits on the engine (inside
+``Request.stream``'s next item or ``Request.run``'s awaitable): the drain cancels the task
+right there, so the engine's own generation sees the cancellation and stops. A request that is
+elsewhere (its token being written to the client) sees the drain before it asks for the next
+token. Nothing is allocated per token: the check is one attribute read.
+
+The drain is a level, not an edge: a request that enters after the drain started — even one
+whose engine request id does not exist yet — is handed back at its first step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from worker_client.errors import HandedBack
+
+T = TypeVar("T")
+
+HANDOFF_CANCEL_MSG = "worker_client: handed back by a drain"
+
+
+class Tracker:
+    """The worker's in-flight requests and whether a drain is on."""
+
+    def __init__(
+        self,
+        on_inflight: Callable[[int], None],
+        on_handoff: Callable[[str | None, int, str], None],
+    ) -> None:
+        self.shutting_down = False
+        self.inflight = 0
+        self._active: set[Request] = set()
+        # enter/leave may come from several threads in engines that are not asyncio.
+        self._lock = threading.Lock()
+        self._on_inflight = on_inflight
+        self._on_handoff = on_handoff
+
+    def interrupt_all(self) -> None:
+        """Run on the engine's loop when the drain starts: stop every waiting generation."""
+        self.shutting_down = True
+        for request in list(self._active):
+            request._interrupt()
+
+    def resume(self) -> None:
+        """The drain was aborted: new requests are served normally again."""
+        self.shutting_down = False
+
+    def enter(self, request: Request) -> None:
+        with self._lock:
+            self._active.add(request)
+            self.inflight += 1
+            inflight = self.inflight
+        self._on_inflight(inflight)
+
+    def leave(self, request: Request) -> None:
+        with self._lock:
+            self._active.discard(request)
+            self.inflight -= 1
+            inflight = self.inflight
+        if request.handed_back:
+            self._on_handoff(request.request_id, request.tokens, request.detail)
+        self._on_inflight(inflight)
+
+
+class Request:
+    """One tracked request: its id (settable later), tokens produced, whether handed back."""
+
+    def __init__(self, tracker: Tracker, request_id: str | None) -> None:
+        self.request_id = request_id
+        self.tokens = 0
+        """Items produced so far (``stream`` counts them; ``run`` callers may set it)."""
+        self.handed_back = False
+        self.detail = ""
+        self._tracker = tracker
+        self._task: asyncio.Task[Any] | None = None
+        self._waiting = False
+        self._cancel_sent = False
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once a drain started (for engines that check between steps themselves)."""
+        return self._tracker.shutting_down
+
+    def hand_back(self, detail: str = "") -> None:
+        """Mark the request handed back (for generations ended by the engine's own check)."""
+        self.handed_back = True
+        self.detail = detail
+
+    async def stream(self, source: AsyncIterable[T]) -> AsyncIterator[T]:
+        """Yield ``source``'s items until it ends or a drain hands the request back."""
+        iterator = aiter(source)
+        try:
+            while True:
+                if self._tracker.shutting_down:
+                    self.hand_back("drain")
+                    return
+                try:
+                    item = await self._interruptible(anext(iterator))
+                except StopAsyncIteration:
+                    return
+                except HandedBack:
+                    return
+                self.tokens += 1
+                yield item
+        finally:
+            if self.handed_back:
+                aclose = getattr(iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+
+    async def run(self, awaitable: Awaitable[T]) -> T:
+        """Await ``awaitable``; raise HandedBack if a drain interrupts it (or started already)."""
+        if self._tracker.shutting_down:
+            if asyncio.iscoroutine(awaitable):
+                awaitable.close()
+            self.hand_back("drain")
+            raise HandedBack(self.request_id, self.tokens)
+        return await self._interruptible(awaitable)
+
+    async def _interruptible(self, awaitable: Awaitable[T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None, "tracked requests run inside an asyncio task"
+        self._task = task
+        cancelling = task.cancelling()
+        self._waiting = True
+        try:
+            return await awaitable
+        except asyncio.CancelledError:
+            if not self._cancel_sent:
+                raise
+            self._cancel_sent = False
+            # Another cancellation (the client went away) wins over ours: propagate it.
+            if task.uncancel() > cancelling:
+                raise
+            self.hand_back("drain")
+            raise HandedBack(self.request_id, self.tokens) from None
+        finally:
+            self._waiting = False
+
+    def _interrupt(self) -> None:
+        if self._waiting and self._task is not None and not self._cancel_sent:
+            self._cancel_sent = True
+            self._task.cancel(HANDOFF_CANCEL_MSG)
+
+
+class TrackScope:
+    """``async with client.track(request_id) as request:`` — counts the request in flight.
+
+    A HandedBack raised inside the block is absorbed (check ``request.handed_back`` after it);
+    the handoff is reported when the block ends.
+    """
+
+    def __init__(self, tracker: Tracker, request_id: str | None) -> None:
+        self._tracker = tracker
+        self.request = Request(tracker, request_id)
+
+    async def __aenter__(self) -> Request:
+        self._tracker.enter(self.request)
+        return self.request
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._tracker.leave(self.request)
+        return exc_type is not None and issubclass(exc_type, HandedBack)
+
+    def __enter__(self) -> Request:
+        self._tracker.enter(self.request)
+        return self.request
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._tracker.leave(self.request)
+        return exc_type is not None and issubclass(exc_type, HandedBack)
