@@ -22,6 +22,7 @@ from coordinator.drain.phases import Phase
 from coordinator.errors import DrainConflict, RefusedTarget, TargetNotFound
 from coordinator.service.auth import TokenCheck
 from coordinator.service.events import EventStream
+from coordinator.service.fast_status import StatusFastPath, long_poll
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
 from coordinator.service.registry import Worker
@@ -148,14 +149,12 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
         wait: Annotated[float, Query(ge=0, le=86_400)] = 0.0,
         since: Annotated[int | None, Query(ge=0, le=2**53)] = None,
     ) -> Response:
-        """The whole state; ``?wait=S&since=G`` blocks until ``generation`` > G (S capped)."""
-        if since is not None and wait > 0:
-            cap = min(wait, settings.long_poll_cap_s)
-            deadline = coordinator.controller.clock() + cap
-            while coordinator.machine.generation <= since:
-                left = deadline - coordinator.controller.clock()
-                if left <= 0 or not await coordinator.changes.wait(left):
-                    break
+        """The whole state; ``?wait=S&since=G`` blocks until ``generation`` > G (S capped).
+
+        Well-formed requests are answered by ``StatusFastPath`` before reaching this route;
+        it stays as the documented, validating fallback with the same behaviour.
+        """
+        await long_poll(coordinator, wait, since, settings.long_poll_cap_s)
         _, etag, body = coordinator.status_bytes()
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag})
@@ -204,6 +203,8 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     app.include_router(public)
     app.include_router(api)
+    app.add_middleware(StatusFastPath, coordinator=coordinator, check=check,
+                       cap_s=settings.long_poll_cap_s)
     return app
 
 

@@ -19,13 +19,18 @@ class TokenCheck:
     def enabled(self) -> bool:
         return self._token is not None
 
-    def __call__(self, request: Request) -> None:
+    def accepts(self, header: str | None) -> bool:
+        """Whether an ``Authorization`` header value carries the token (or none is needed)."""
         if self._token is None:
-            return
-        header = request.headers.get("authorization", "")
+            return True
+        header = header or ""
         given = header[len(SCHEME):].strip() if header[:len(SCHEME)].lower() == SCHEME else ""
         # compare_digest on bytes: constant time in the token's length, whatever is given.
-        if not given or not hmac.compare_digest(given.encode("utf-8", "replace"), self._token):
+        return bool(given) and hmac.compare_digest(given.encode("utf-8", "replace"),
+                                                   self._token)
+
+    def __call__(self, request: Request) -> None:
+        if not self.accepts(request.headers.get("authorization")):
             raise HTTPException(
                 status_code=401,
                 detail="missing or invalid bearer token (Authorization: Bearer <token>)",

@@ -38,14 +38,14 @@ from coordinator.settings import Settings
 log = logging.getLogger(__name__)
 
 TIMELINE_KEPT = 64
-_PROCESS_KEYS = ("pid", "name", "role", "root_pid", "parent_pid", "depth", "start_time",
-                 "fate", "exit_code", "signal", "tier", "elapsed_ms", "detail")
 
 
-def process_entry(outcome: ProcessOutcome) -> dict[str, Any]:
+def process_entry(o: ProcessOutcome) -> dict[str, Any]:
     """A process as ``/status`` lists it (the outcome without its long command line)."""
-    data = outcome.to_dict()
-    return {key: data[key] for key in _PROCESS_KEYS}
+    return {"pid": o.pid, "name": o.name, "role": o.role, "root_pid": o.root_pid,
+            "parent_pid": o.parent_pid, "depth": o.depth, "fate": o.fate.value,
+            "exit_code": o.exit_code, "signal": o.signal, "tier": o.tier,
+            "elapsed_ms": o.elapsed_ms, "detail": o.detail}
 
 
 class Coordinator:
@@ -70,8 +70,12 @@ class Coordinator:
         self.adopted: list[identity.ProcessFacts] = []
         self.scanned: dict[int, ProcessOutcome] = {}
         self._cache: tuple[int, str, bytes] | None = None
+        self._processes_epoch = 0
+        """Bumped whenever the process list may have changed (its JSON is cached apart)."""
+        self._processes_cache: tuple[int, bytes, bytes] | None = None
         self._scan_task: asyncio.Task[None] | None = None
         self._loop_ready = False
+        self._notify_pending = False
         self.controller = DrainController(
             machine=self.machine,
             changes=self.changes,
@@ -85,7 +89,7 @@ class Coordinator:
                 min_drain_s=settings.min_drain_s,
                 prekill_timeout_s=settings.prekill_timeout_s,
             ),
-            on_outcome=lambda _outcome: self.bump(),
+            on_outcome=lambda _outcome: self.processes_changed(),
             on_finished=self._finished,
         )
 
@@ -122,15 +126,31 @@ class Coordinator:
         """Something in ``/status`` changed."""
         self.machine.bump()
 
+    def processes_changed(self) -> None:
+        """The process list changed (a scan, a kill outcome)."""
+        self._processes_epoch += 1
+        self.machine.bump()
+
     def _changed(self, _generation: int) -> None:
         self._cache = None
         timeline = self.machine.timeline
         if len(timeline) != self._timeline_seen:
+            self._processes_epoch += 1
             self._on_transition(timeline[max(0, self._timeline_seen - 1):])
             self._timeline_seen = len(timeline)
-        self.changes.notify()
         if self._loop_ready:
+            # Long-pollers wake after the current step is over, so the drain's push to the
+            # workers' streams (queued in the same step) goes out first.
+            if not self._notify_pending:
+                self._notify_pending = True
+                asyncio.get_running_loop().call_soon(self._notify_waiters)
             self.writer.mark_dirty()
+        else:
+            self.changes.notify()
+
+    def _notify_waiters(self) -> None:
+        self._notify_pending = False
+        self.changes.notify()
 
     def _on_transition(self, entries: list[Transition]) -> None:
         for previous, current in itertools.pairwise(entries):
@@ -181,27 +201,44 @@ class Coordinator:
         return f'"{self.instance}-{self.machine.generation}"'
 
     def status_bytes(self) -> tuple[int, str, bytes]:
-        """(generation, ETag, body) of ``/status``, serialized once per generation."""
+        """(generation, ETag, body) of ``/status``, serialized once per generation.
+
+        The process list (hundreds of entries) is serialized apart and only when it changed,
+        so a change elsewhere (a phase, a worker's report) re-serializes a few hundred bytes.
+        """
         cache = self._cache
         generation = self.machine.generation
         if cache is not None and cache[0] == generation and self.settings.status_cache:
             return cache
-        body = json.dumps(self.status_document(), separators=(",", ":")).encode()
+        counts, processes = self._processes_json()
+        head = json.dumps(self.status_document(processes=False),
+                          separators=(",", ":")).encode()
+        body = b"".join((head[:-1], b',"counts":', counts, b',"processes":', processes, b"}"))
         cache = (generation, self.etag(), body)
         self._cache = cache
         return cache
 
-    def status_document(self) -> dict[str, Any]:
+    def _processes_json(self) -> tuple[bytes, bytes]:
+        cached = self._processes_cache
+        if cached is not None and cached[0] == self._processes_epoch and \
+                self.settings.status_cache:
+            return cached[1], cached[2]
+        processes = self.process_list()
+        counts = {fate.value: 0 for fate in Fate}
+        for entry in processes:
+            counts[entry["fate"]] += 1
+        encoded = (json.dumps(counts, separators=(",", ":")).encode(),
+                   json.dumps(processes, separators=(",", ":")).encode())
+        self._processes_cache = (self._processes_epoch, *encoded)
+        return encoded
+
+    def status_document(self, *, processes: bool = True) -> dict[str, Any]:
         """The ``/status`` document (the drain summary is the same document at ``done``)."""
         controller = self.controller
         phase = self.machine.phase
         current = controller.drain if phase is not Phase.SERVING else None
         last = controller.last
-        processes = self.process_list()
-        counts = {fate.value: 0 for fate in Fate}
-        for entry in processes:
-            counts[entry["fate"]] += 1
-        return {
+        document: dict[str, Any] = {
             "phase": phase.value,
             "generation": self.machine.generation,
             "ready": phase is Phase.SERVING,
@@ -211,13 +248,18 @@ class Coordinator:
             "workers": [w.to_status() for w in self.registry.workers.values()],
             "migrations": [m.to_dict() for m in self.migrations.pending.values()],
             "migration_counts": self.migrations.counts(),
-            "processes": processes,
-            "counts": counts,
             "adopted": [{"pid": f.pid, "name": f.name} for f in self.adopted],
             "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": self.started_at},
         }
+        if processes:
+            entries = self.process_list()
+            counts = {fate.value: 0 for fate in Fate}
+            for entry in entries:
+                counts[entry["fate"]] += 1
+            document.update(counts=counts, processes=entries)
+        return document
 
     def process_list(self) -> list[dict[str, Any]]:
         merged: dict[int, ProcessOutcome] = dict(self.scanned)
@@ -241,7 +283,7 @@ class Coordinator:
         self.adopted = adopted
         self.scanned = scanned
         if changed:
-            self.bump()
+            self.processes_changed()
 
     def _scan(self, roots: list[tuple[int, str]], registered: list[int],
               ) -> tuple[list[identity.ProcessFacts], dict[int, ProcessOutcome]]:
@@ -296,7 +338,7 @@ class Coordinator:
             self.notifier.close_worker(worker_id)
             self.metrics.workers.set(len(self.registry.workers))
             self.scanned = {p: o for p, o in self.scanned.items() if o.root_pid != worker.pid}
-            self.bump()
+            self.processes_changed()
         return worker
 
     def report(self, worker: Worker, body: ReportRequest) -> None:

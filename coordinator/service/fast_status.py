@@ -1,0 +1,94 @@
+"""``GET /status`` without the framework: the hot path many routers poll.
+
+A pure ASGI middleware answers well-formed ``GET /status`` requests itself — token check,
+``?wait=S&since=G`` long-poll, ETag/304, the per-generation cached body — and hands everything
+else (including any malformed query, so the framework's validation answers it with a 422)
+to the FastAPI app, whose ``/status`` route documents and backs the same behaviour.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import parse_qsl
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from coordinator.service.auth import TokenCheck
+from coordinator.service.runtime import Coordinator
+
+MAX_WAIT_S = 86_400.0
+MAX_SINCE = 2**53
+
+
+def parse_poll(query: bytes) -> tuple[float, int | None] | None:
+    """(wait, since) from a query string, or None when the framework should judge it."""
+    if not query:
+        return 0.0, None
+    wait = 0.0
+    since: int | None = None
+    try:
+        for key, value in parse_qsl(query.decode("ascii"), strict_parsing=True):
+            if key == "wait":
+                wait = float(value)
+                if not 0 <= wait <= MAX_WAIT_S:
+                    return None
+            elif key == "since":
+                since = int(value)
+                if not 0 <= since <= MAX_SINCE:
+                    return None
+            else:
+                return None
+    except (ValueError, UnicodeDecodeError):
+        return None
+    return wait, since
+
+
+async def long_poll(coordinator: Coordinator, wait: float, since: int | None,
+                    cap_s: float) -> None:
+    """Return once ``generation`` > ``since`` or after ``min(wait, cap_s)`` seconds."""
+    if since is None or wait <= 0:
+        return
+    deadline = time.monotonic() + min(wait, cap_s)
+    while coordinator.machine.generation <= since:
+        left = deadline - time.monotonic()
+        if left <= 0 or not await coordinator.changes.wait(left):
+            return
+
+
+class StatusFastPath:
+    """Serves ``GET /status`` directly; passes every other request to ``app``."""
+
+    def __init__(self, app: ASGIApp, coordinator: Coordinator, check: TokenCheck,
+                 cap_s: float) -> None:
+        self.app = app
+        self.coordinator = coordinator
+        self.check = check
+        self.cap_s = cap_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/status" or scope["method"] != "GET":
+            await self.app(scope, receive, send)
+            return
+        authorization: str | None = None
+        if_none_match: bytes | None = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+            elif name == b"if-none-match":
+                if_none_match = value
+        poll = parse_poll(scope["query_string"])
+        if poll is None or not self.check.accepts(authorization):
+            await self.app(scope, receive, send)
+            return
+        await long_poll(self.coordinator, poll[0], poll[1], self.cap_s)
+        _, etag, body = self.coordinator.status_bytes()
+        tag = etag.encode()
+        if if_none_match == tag:
+            await send({"type": "http.response.start", "status": 304,
+                        "headers": [(b"etag", tag)]})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": 200, "headers": [
+            (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+            (b"etag", tag), (b"cache-control", b"no-cache")]})
+        await send({"type": "http.response.body", "body": body})
