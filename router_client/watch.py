@@ -1,0 +1,220 @@
+"""Follow many coordinators' ``/status`` by long-poll, for a router.
+
+One task per coordinator holds ``GET /status?wait=S&since=G`` open; the coordinator answers as
+soon as its ``generation`` moves past ``G`` (a drain starts, a request is handed back), so the
+router learns of a drain within one round trip, with no polling interval.
+
+The router asks three things: is this worker draining (stop sending it work), was this request
+handed back (continue it elsewhere), and acknowledge the handoffs it re-issued. An
+acknowledgement can reach the coordinator before the worker's handoff report does (the router
+reads the handed-back event from the stream first); such an ack answers ``unknown`` and is
+sent again as soon as the request shows up in ``migrations``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+log = logging.getLogger("router_client")
+
+LONG_POLL_S = 20.0
+"""How long the coordinator may hold one ``/status`` long-poll (s); below common idle timeouts."""
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+DRAINING_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
+
+
+@dataclass
+class CoordinatorView:
+    """The last ``/status`` seen from one coordinator."""
+
+    url: str
+    status: dict[str, Any] | None = None
+    generation: int = -1
+    reachable: bool = False
+    updated_at: float = 0.0
+    """time.monotonic() of the last answer."""
+    pending_acks: set[str] = field(default_factory=set)
+    """Acks the coordinator did not know yet (the handoff report was still on its way)."""
+
+    @property
+    def phase(self) -> str | None:
+        return None if self.status is None else self.status.get("phase")
+
+    @property
+    def draining(self) -> bool:
+        return self.phase in DRAINING_PHASES
+
+    def migrations(self) -> list[dict[str, Any]]:
+        if self.status is None:
+            return []
+        return list(self.status.get("migrations") or [])
+
+
+class Watcher:
+    """Watches coordinators; ``workers`` maps each worker URL to its coordinator's URL."""
+
+    def __init__(
+        self,
+        workers: Mapping[str, str],
+        *,
+        token: str | None = None,
+        long_poll_s: float = LONG_POLL_S,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.workers = {_norm(w): _norm(c) for w, c in workers.items()}
+        self.views = {c: CoordinatorView(c) for c in dict.fromkeys(self.workers.values())}
+        self.long_poll_s = long_poll_s
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = http or httpx.AsyncClient(
+            headers=headers, timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
+            limits=httpx.Limits(max_connections=4 * len(self.views) + 8),
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._changed = asyncio.Condition()
+
+    async def __aenter__(self) -> Watcher:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def start(self) -> None:
+        """Start one long-poll task per coordinator (inside a running loop)."""
+        for view in self.views.values():
+            self._tasks.append(asyncio.create_task(self._follow(view), name=f"watch {view.url}"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self._http.aclose()
+
+    # -- questions --------------------------------------------------------------------------
+
+    def coordinator_of(self, worker_url: str) -> str | None:
+        return self.workers.get(_norm(worker_url))
+
+    def is_draining(self, worker_url: str) -> bool:
+        """True once the worker's coordinator left ``serving`` (the whole pod is draining)."""
+        coordinator = self.coordinator_of(worker_url)
+        if coordinator is None:
+            return False
+        view = self.views[coordinator]
+        if view.draining:
+            return True
+        for worker in (view.status or {}).get("workers") or ():
+            if _norm(str(worker.get("url") or "")) == _norm(worker_url):
+                return worker.get("state") in DRAINING_PHASES
+        return False
+
+    def handed_back(self, request_id: str) -> dict[str, Any] | None:
+        """The pending migration of ``request_id`` on any coordinator, or None."""
+        for view in self.views.values():
+            for migration in view.migrations():
+                if migration.get("request_id") == request_id:
+                    return migration
+        return None
+
+    def pending_migrations(self) -> list[dict[str, Any]]:
+        """Every handed-back request not yet acknowledged, on every coordinator."""
+        return [m for view in self.views.values() for m in view.migrations()]
+
+    async def wait_for(self, predicate: Callable[[], bool], within_s: float) -> bool:
+        """Wait until ``predicate()`` is true after some ``/status`` change (False after
+        ``within_s`` seconds)."""
+        deadline = time.monotonic() + within_s
+        async with self._changed:
+            while not predicate():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), left)
+        return True
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    async def ack(self, request_ids: Iterable[str], coordinator: str | None = None) -> list[str]:
+        """Acknowledge re-issued requests; returns those acked now (the rest are retried).
+
+        Without ``coordinator``, each id goes to every coordinator that lists it (or, when none
+        does yet, to all of them on their next change).
+        """
+        ids = list(request_ids)
+        if not ids:
+            return []
+        targets = [_norm(coordinator)] if coordinator else list(self.views)
+        acked: list[str] = []
+        for url in targets:
+            view = self.views.get(url)
+            if view is None:
+                continue
+            acked += await self._ack(view, ids)
+        return acked
+
+    async def _ack(self, view: CoordinatorView, ids: list[str]) -> list[str]:
+        try:
+            resp = await self._http.post(f"{view.url}/migrations/ack", json={"request_ids": ids})
+            resp.raise_for_status()
+            answer = resp.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("ack to %s failed (%s); retrying on its next change", view.url, exc)
+            view.pending_acks.update(ids)
+            return []
+        view.pending_acks.update(answer.get("unknown") or ())
+        view.pending_acks.difference_update(answer.get("acked") or ())
+        return list(answer.get("acked") or ())
+
+    # -- the long-poll ----------------------------------------------------------------------
+
+    async def _follow(self, view: CoordinatorView) -> None:
+        delay = RETRY_FIRST_S
+        while True:
+            params: dict[str, Any] = {}
+            if view.status is not None:
+                params = {"wait": self.long_poll_s, "since": view.generation}
+            try:
+                resp = await self._http.get(f"{view.url}/status", params=params)
+                resp.raise_for_status()
+                status = resp.json()
+            except (httpx.HTTPError, ValueError) as exc:
+                if view.reachable:
+                    log.info("coordinator %s unreachable: %s", view.url, exc)
+                view.reachable = False
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            delay = RETRY_FIRST_S
+            view.reachable = True
+            view.updated_at = time.monotonic()
+            generation = int(status.get("generation", -1))
+            if generation != view.generation or view.status is None:
+                view.status, view.generation = status, generation
+                await self._after_change(view)
+
+    async def _after_change(self, view: CoordinatorView) -> None:
+        if view.pending_acks:
+            listed = {m.get("request_id") for m in view.migrations()}
+            due = [r for r in view.pending_acks if r in listed]
+            if due:
+                await self._ack(view, due)
+        async with self._changed:
+            self._changed.notify_all()
+
+
+def _norm(url: str) -> str:
+    return url.rstrip("/")

@@ -1,0 +1,157 @@
+"""Pods (a coordinator and a simulated engine each), the reference router, streaming clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from coordinator.sim.launcher import EngineHandle, start_engine
+from coordinator.sim.tokens import expected_tokens
+from router_client import sse
+from tests.service.servers import FAST, Running, start_coordinator
+from tests.support.processes import ProcessJanitor, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINE = {"schedulers": 1, "token_interval_ms": 40.0, "graceful_main": True}
+"""One scheduler and a detokenizer under each main process: a real tree, light on 2 cores."""
+NO_COORDINATOR = "http://127.0.0.1:9"
+"""Where the router looks for the coordinator of a pod that has none (nothing listens)."""
+
+
+@dataclass
+class Pod:
+    """One pod: its coordinator (None for the no-coordinator baseline) and its engine."""
+
+    engine: EngineHandle
+    coordinator: Running | None
+
+    @property
+    def coordinator_url(self) -> str:
+        return self.coordinator.url if self.coordinator else NO_COORDINATOR
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_pod(
+    janitor: ProcessJanitor, tmp: Path, name: str, *coordinator_args: str,
+    with_coordinator: bool = True, **engine: Any,
+) -> Pod:
+    """A coordinator and an engine registered with it (waits for the registration)."""
+    running = None
+    knobs = {**ENGINE, **engine}
+    if with_coordinator:
+        running = start_coordinator(janitor, tmp, *FAST, *coordinator_args, name=f"{name}-c")
+        knobs["coordinator"] = running.url
+    handle = start_engine(janitor.spawn, tmp / f"{name}-records", **knobs)
+    pod = Pod(handle, running)
+    if running is not None:
+        wait_for(lambda: registered(pod), what=f"{name}'s engine registered")
+    return pod
+
+
+def registered(pod: Pod) -> bool:
+    assert pod.coordinator is not None
+    workers = pod.coordinator.status()["workers"]
+    return any(w["pid"] == pod.engine.pid and w.get("connected") for w in workers)
+
+
+def start_router(janitor: ProcessJanitor, tmp: Path, pods: list[Pod], *args: str) -> str:
+    """The reference router over ``pods``; returns its URL."""
+    ready = tmp / "router.json"
+    log = (tmp / "router.log").open("ab")
+    workers: list[str] = []
+    for pod in pods:
+        workers += ["--worker", f"{pod.engine.url}={pod.coordinator_url}"]
+    proc = janitor.spawn_python(
+        ["-m", "router_client.reference_router", "--port", "0", "--ready-file", str(ready),
+         *workers, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+    )
+    log.close()
+
+    def up() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"router exited {proc.returncode}")
+        return str(json.loads(ready.read_text())["url"]) if ready.exists() else None
+
+    url: str = wait_for(up, what="router listening")
+    return url
+
+
+@dataclass
+class Stream:
+    """What one client saw."""
+
+    prompt: str
+    max_tokens: int
+    tokens: list[str] = field(default_factory=list)
+    done: bool = False
+    error: str | None = None
+
+    @property
+    def exact(self) -> bool:
+        return self.done and self.tokens == expected_tokens(self.prompt, self.max_tokens)
+
+
+class Load:
+    """``n`` concurrent streaming completions; ``started`` fires once each has ``min_tokens``."""
+
+    def __init__(self, url: str, n: int, max_tokens: int, min_tokens: int = 3) -> None:
+        self.url = url
+        self.streams = [Stream(f"prompt {i}: tell me", max_tokens) for i in range(n)]
+        self.min_tokens = min_tokens
+        self.started = asyncio.Event()
+        self._warm = 0
+
+    async def run(self) -> list[Stream]:
+        limits = httpx.Limits(max_connections=len(self.streams) + 8)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as http:
+            await asyncio.gather(*(self._one(http, i, s) for i, s in enumerate(self.streams)))
+        return self.streams
+
+    async def _one(self, http: httpx.AsyncClient, i: int, stream: Stream) -> None:
+        body = {"prompt": stream.prompt, "max_tokens": stream.max_tokens, "stream": True}
+        try:
+            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
+                                   headers={"X-Request-Id": f"client-{i}"}) as resp:
+                async for event in sse.events(resp.aiter_lines()):
+                    if event == sse.DONE:
+                        stream.done = True
+                        break
+                    assert isinstance(event, dict)
+                    if "error" in event or event.get("handed_back"):
+                        stream.error = json.dumps(event)
+                        break
+                    stream.tokens.append(sse.chunk_text(event))
+                    if len(stream.tokens) == self.min_tokens:
+                        self._warm += 1
+                        if self._warm == len(self.streams):
+                            self.started.set()
+        except httpx.HTTPError as exc:
+            stream.error = repr(exc)
+        finally:
+            if len(stream.tokens) < self.min_tokens:
+                self._warm += 1  # a stream that ended early must not hold the others back
+                if self._warm == len(self.streams):
+                    self.started.set()
+
+
+def summary_is_graceful(summary: dict[str, Any], main_pid: int) -> list[str]:
+    """What is wrong with a drain summary (empty when every process ended gracefully)."""
+    wrong = [f"{p['pid']} {p['name']}: {p['fate']}" for p in summary["processes"]
+             if p["fate"] not in ("exited", "gone")]
+    main = [p for p in summary["processes"] if p["pid"] == main_pid]
+    if not main or main[0]["exit_code"] not in (0, None):
+        wrong.append(f"main process: {main}")
+    return wrong

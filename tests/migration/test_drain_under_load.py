@@ -1,0 +1,101 @@
+"""64 streams over 3 pods through the reference router; one pod drains (or dies) mid-stream."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+
+import httpx
+
+from tests.migration.stack import Load, Pod, start_pod, start_router, summary_is_graceful
+from tests.support.processes import ProcessJanitor
+
+STREAMS = 64
+MAX_TOKENS = 40
+
+
+def _pods(janitor: ProcessJanitor, tmp: Path, *, with_coordinator: bool = True,
+          **engine: object) -> list[Pod]:
+    return [start_pod(janitor, tmp, f"pod{i}", with_coordinator=with_coordinator, **engine)
+            for i in range(3)]
+
+
+async def test_drain_mid_stream_loses_nothing(janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. Start 3 pods (coordinator + simulated engine with worker_client) and the router.
+    2. Open 64 concurrent streams of 40 tokens through the router.
+    3. Once every stream has 3 tokens, drain pod 0 with GET /drain, as the kubelet would.
+    4. Every stream completes with exactly the expected tokens; pod 0 handed requests back,
+       the router continued and acknowledged every one of them.
+    5. Pod 0's tree ended gracefully (nothing SIGKILLed) and its main process exited 0."""
+    pods = _pods(janitor, tmp_path)
+    router = start_router(janitor, tmp_path, pods)
+    load = Load(router, STREAMS, MAX_TOKENS)
+    running = asyncio.create_task(load.run())
+    await asyncio.wait_for(load.started.wait(), 120)
+    assert pods[0].coordinator is not None
+    drain = await asyncio.to_thread(
+        httpx.get, f"{pods[0].coordinator.url}/drain", timeout=60)
+    streams = await asyncio.wait_for(running, 120)
+
+    broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
+    assert not broken, broken
+    assert drain.status_code == 200, drain.text
+    summary = drain.json()
+    assert summary["phase"] == "done"
+    assert not summary_is_graceful(summary, pods[0].engine.pid)
+    assert pods[0].engine.proc.wait(timeout=30) == 0
+    stats = (await asyncio.to_thread(httpx.get, f"{router}/stats")).json()
+    assert stats["handed_back"] >= 1, stats
+    assert stats["failed"] == 0, stats
+    status = pods[0].coordinator.status()
+    assert status["migrations"] == [], status["migrations"]
+
+
+async def test_plain_sigterm_without_coordinator_loses_streams(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. Start 3 stock engines (no coordinator; SIGTERM SIGKILLs the engine's tree) behind a
+       router without migration (it re-issues a broken request from scratch).
+    2. Open the same 64 streams; once each has 3 tokens, SIGTERM pod 0's engine.
+    3. The exact-tokens check fails for the streams pod 0 held (they restart: duplicates),
+       and the engine's main process died by SIGKILL: the check can fail."""
+    pods = _pods(janitor, tmp_path, with_coordinator=False, graceful_main=False)
+    router = start_router(janitor, tmp_path, pods, "--resume", "restart")
+    load = Load(router, STREAMS, MAX_TOKENS)
+    running = asyncio.create_task(load.run())
+    await asyncio.wait_for(load.started.wait(), 120)
+    os.kill(pods[0].engine.pid, signal.SIGTERM)
+    streams = await asyncio.wait_for(running, 120)
+
+    assert any(not s.exact for s in streams)
+    assert pods[0].engine.proc.wait(timeout=30) == -signal.SIGKILL
+
+
+async def test_engine_crash_mid_drain(janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. 3 pods and the router; 64 streams; once each has 3 tokens, start pod 0's drain
+       (POST /drain, wait=false).
+    2. Right away, SIGKILL pod 0's engine main process (a crash during the drain; its
+       children die through PDEATHSIG).
+    3. Every stream still completes exactly (handed back or broken, the router continues
+       it), and the drain still ends with nothing left running."""
+    pods = _pods(janitor, tmp_path)
+    router = start_router(janitor, tmp_path, pods)
+    load = Load(router, STREAMS, MAX_TOKENS)
+    running = asyncio.create_task(load.run())
+    await asyncio.wait_for(load.started.wait(), 120)
+    coordinator = pods[0].coordinator
+    assert coordinator is not None
+    started = await asyncio.to_thread(
+        httpx.post, f"{coordinator.url}/drain", json={"wait": False}, timeout=30)
+    assert started.status_code == 202, started.text
+    os.kill(pods[0].engine.pid, signal.SIGKILL)
+    drain = await asyncio.to_thread(httpx.get, f"{coordinator.url}/drain", timeout=60)
+    streams = await asyncio.wait_for(running, 120)
+
+    broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
+    assert not broken, broken
+    summary = drain.json()
+    assert summary["phase"] == "done"
+    assert not [p for p in summary["processes"] if p["fate"] in ("running", "survived")]
