@@ -50,6 +50,11 @@ class EngineKnobs:
     """How long a parent that stops its children gracefully waits before SIGKILL."""
     startup_timeout_s: float = 60.0
     """How long the main process waits for its children to come up."""
+    coordinator: str = ""
+    """URL of a shutdown coordinator: register with it through ``worker_client``, track
+    every request, hand requests back on its drain (see ``coordinator.sim.coordination``)."""
+    coordinator_token_file: str = ""
+    """File holding the coordinator's bearer token, if it needs one."""
 
     def __post_init__(self) -> None:
         if self.schedulers < 0 or self.dp < 0:

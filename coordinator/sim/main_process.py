@@ -32,7 +32,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import uvicorn
@@ -51,6 +51,9 @@ from coordinator.sim.roles import EXIT_OK, EXIT_STARTUP_FAILED, Role, knob_match
 from coordinator.sim.spawn import ChildSpec, StartedChild, spawn_children
 from coordinator.sim.streams import CompletionStreams
 from coordinator.sim.watchdog import ChildWatchdog
+
+if TYPE_CHECKING:
+    from worker_client import WorkerClient
 
 HTTP_DRAIN_TIMEOUT_S = 5
 """How long uvicorn waits for open connections after the streams were handed back."""
@@ -90,6 +93,7 @@ class EngineMain:
         self.port = 0
         self.shutting_down = False
         self._dying = False
+        self.worker_client: WorkerClient | None = None
 
     # --- startup -------------------------------------------------------------------------
 
@@ -131,6 +135,8 @@ class EngineMain:
             return EXIT_STARTUP_FAILED
         sock.listen(2048)
         self.port = sock.getsockname()[1]
+        if self.knobs.coordinator:
+            self._connect_to_coordinator()
         # Installed before the children start: a signal that comes meanwhile is acted on
         # once the loop runs (inside serve), instead of killing this process outright.
         loop = asyncio.get_running_loop()
@@ -160,7 +166,21 @@ class EngineMain:
         )
         self.server = _Server(config, on_started=self._write_ready_file)
         await self.server.serve(sockets=[sock])
-        return await self._finish_graceful_shutdown()
+        code = await self._finish_graceful_shutdown()
+        if self.worker_client is not None:
+            self.worker_client.close()
+        return code
+
+    def _connect_to_coordinator(self) -> None:
+        # Imported here: the engine without --coordinator does not need worker_client.
+        from coordinator.sim.coordination import TrackedStreams, connect
+
+        url = f"http://{self.knobs.host}:{self.port}"
+        self.worker_client, _ = connect(
+            self.knobs.coordinator, self.knobs.coordinator_token_file, url,
+            self.stand_down_watchdog, lambda times: self.record.update(worker_client=times),
+        )
+        self.streams = TrackedStreams(self.streams.token_interval_s, self.worker_client)
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process of the engine, this one first."""
