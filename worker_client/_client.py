@@ -86,6 +86,7 @@ class WorkerClient:
         self._thread: threading.Thread | None = None
         self._prekill_hooks: list[PrekillHook] = []
         self._drain_listeners: list[Callable[[], None]] = []
+        self._close_listeners: list[Callable[[], None]] = []
         self._http = httpx.Client(
             base_url=self.coordinator_url or "http://invalid", headers=self._headers,
             timeout=httpx.Timeout(5.0, connect=1.0),
@@ -118,6 +119,8 @@ class WorkerClient:
         """Stop the background threads; deregister unless a drain is on (by default)."""
         if deregister is None:
             deregister = not self.draining.is_set()
+        for listener in self._close_listeners:
+            listener()
         if self.registered.is_set():
             self._reporter.flush(timeout=1.0)
         self._closed.set()
@@ -181,6 +184,10 @@ class WorkerClient:
     def on_drain(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (on the loop, or in the reader thread without one) at a drain."""
         self._drain_listeners.append(listener)
+
+    def on_close(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` when the engine closes the client (from the closing thread)."""
+        self._close_listeners.append(listener)
 
     # -- the drain --------------------------------------------------------------------------
 

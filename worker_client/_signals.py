@@ -15,7 +15,8 @@ What happens to a SIGTERM or SIGINT once ``install_graceful_shutdown`` ran:
 
 Each delivered signal is handled once. The same signal arriving again while the drain waits
 releases it at once (a second Ctrl-C forces, as in uvicorn). After the release, signals go
-straight to the engine's handlers.
+straight to the engine's handlers; once the engine closes its client (it is exiting), further
+deliveries of a released signal are ignored.
 """
 
 from __future__ import annotations
@@ -77,6 +78,18 @@ class GracefulShutdown:
         if self.loop is not None:
             self._patch_loop(self.loop)
         return self
+
+    def settle(self) -> None:
+        """The engine is exiting: ignore further deliveries of the signals already released.
+
+        Python puts SIG_DFL back while the interpreter finalizes, so a late SIGTERM (the
+        coordinator's kill reaching the root as it exits on its own) would turn a clean exit 0
+        into death by signal. SIG_IGN survives finalization.
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return  # only the main thread may change dispositions
+        for signum in self.released:
+            signal.signal(signum, signal.SIG_IGN)
 
     def uninstall(self) -> None:
         for signum, handler in self.previous.items():
@@ -210,4 +223,6 @@ def install_graceful_shutdown(
             loop = None
     if loop is not None and client._loop is None:
         client.attach_loop(loop)
-    return GracefulShutdown(client, loop, signals, drain_wait_s).install()
+    graceful = GracefulShutdown(client, loop, signals, drain_wait_s).install()
+    client.on_close(graceful.settle)
+    return graceful
