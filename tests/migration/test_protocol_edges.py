@@ -18,6 +18,7 @@ from router_client import sse
 from tests.migration.stack import (
     ENGINE,
     Load,
+    Pod,
     free_port,
     registered,
     start_pod,
@@ -109,15 +110,15 @@ async def test_coordinator_absent_when_the_engine_starts(
     4. The engine registers on its own (background retries) and holds its event stream.
     5. A drain hands its stream back and ends with the tree gone gracefully, main exit 0."""
     port = free_port()
-    handle = start_engine(janitor.spawn, tmp_path / "records",
-                          **{**ENGINE, "coordinator": f"http://127.0.0.1:{port}"})
+    knobs: dict[str, Any] = {**ENGINE, "coordinator": f"http://127.0.0.1:{port}"}
+    handle = start_engine(janitor.spawn, tmp_path / "records", **knobs)
     got = await _stream(handle.url, "before", "early prompt", 5)
     assert [sse.chunk_text(e) for e in got if isinstance(e, dict)] == expected_tokens(
         "early prompt", 5)
     assert got[-1] == sse.DONE
 
     coordinator = start_coordinator(janitor, tmp_path, *FAST, "--port", str(port))
-    pod = type("P", (), {"coordinator": coordinator, "engine": handle})()
+    pod = Pod(handle, coordinator)
     await asyncio.to_thread(wait_for, lambda: registered(pod), what="late registration")
 
     warm = asyncio.Event()
