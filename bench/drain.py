@@ -1,0 +1,319 @@
+"""Drain with request migration against today's two alternatives, in one run.
+
+    .venv/bin/python bench/drain.py [--workers 16] [--streams 64] [--max-tokens 200]
+
+Pod A holds W simulated engines (main process + detokenizer each) and its coordinator; pod B
+holds 2 standby engines that only take continuations. R streams go through the reference
+router to pod A; once every stream has 5 tokens, pod A is stopped three ways:
+
+- ``migrate``: ``GET /drain`` on pod A's coordinator; the engines use ``worker_client``, hand
+  their requests back, and the router continues them on pod B.
+- ``wait``: what SGLang and Dynamo do by default: stop sending work, let in-flight requests
+  finish, then SIGTERM the engines.
+- ``restart``: SIGTERM the stock engines (they SIGKILL their trees) and let the router retry
+  each broken request from scratch on pod B.
+
+Measured from the drain call (``time.monotonic``, shared by every process on the host):
+every engine's ``shutdown_event`` set (from its end record), every handoff visible on
+``/status`` (a long-poll in this process), pod A empty (every engine process gone), every
+stream complete; tokens lost or duplicated in the clients' streams. Every process this script
+starts is ended by it, by PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator.sim.launcher import EngineHandle, start_engine  # noqa: E402
+from coordinator.sim.tokens import expected_tokens  # noqa: E402
+from router_client import sse  # noqa: E402
+from tests.service.servers import FAST, Running, start_coordinator  # noqa: E402
+from tests.support.processes import ProcessJanitor, wait_for  # noqa: E402
+
+WARM_TOKENS = 5
+NO_COORDINATOR = "http://127.0.0.1:9"
+
+
+@dataclass
+class Stream:
+    prompt: str
+    max_tokens: int
+    tokens: list[str] = field(default_factory=list)
+    done_at: float | None = None
+
+    def damage(self) -> tuple[int, int]:
+        """(lost, duplicated) tokens against the expected sequence."""
+        want = expected_tokens(self.prompt, self.max_tokens)
+        same = 0
+        while same < min(len(want), len(self.tokens)) and want[same] == self.tokens[same]:
+            same += 1
+        return len(want) - same, len(self.tokens) - same
+
+
+@dataclass
+class Result:
+    mode: str
+    shutdown_ms: list[float] = field(default_factory=list)
+    """From the drain call to each engine's shutdown_event set."""
+    push_ms: list[float] = field(default_factory=list)
+    """From the coordinator's drain start (its started_at) to each shutdown_event set."""
+    loop_hop_ms: list[float] = field(default_factory=list)
+    """From the drain line read off the socket to shutdown_event set on the engine's loop."""
+    handoff_ms: list[float] = field(default_factory=list)
+    empty_ms: float = 0.0
+    streams_done_ms: float = 0.0
+    lost: int = 0
+    duplicated: int = 0
+    incomplete: int = 0
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def run_mode(mode: str, args: argparse.Namespace, tmp: Path) -> Result:
+    janitor = ProcessJanitor()
+    try:
+        return await _run_mode(janitor, mode, args, tmp / mode)
+    finally:
+        janitor.close()
+
+
+async def _run_mode(janitor: ProcessJanitor, mode: str, args: argparse.Namespace,
+                    tmp: Path) -> Result:
+    tmp.mkdir(parents=True)  # noqa: ASYNC240 (before anything runs)
+    knobs: dict[str, Any] = {"schedulers": 0, "token_interval_ms": args.token_interval_ms,
+                             "graceful_main": mode != "restart"}
+    # 1. Pod A (W engines, with a coordinator they register with in "migrate") and pod B.
+    coord_a: Running | None = None
+    if mode == "migrate":
+        coord_a = start_coordinator(janitor, tmp, *FAST, "--grace-period", "60", name="a")
+        knobs_a = {**knobs, "coordinator": coord_a.url}
+    else:
+        knobs_a = knobs
+    pod_a = [start_engine(janitor.spawn, tmp / f"a{i}", **knobs_a) for i in range(args.workers)]
+    coord_b = start_coordinator(janitor, tmp, *FAST, name="b")
+    pod_b = [start_engine(janitor.spawn, tmp / f"b{i}", **knobs) for i in range(2)]
+    if coord_a is not None:
+        wait_for(lambda: sum(w["connected"] for w in coord_a.status()["workers"]) == args.workers,
+                 what="pod A registered", timeout=120)
+    router = start_router(janitor, tmp, pod_a, coord_a, pod_b, coord_b,
+                          "restart" if mode == "restart" else "continue")
+    # 2. The load, warmed up.
+    streams = [Stream(f"bench {mode} {i}", args.max_tokens) for i in range(args.streams)]
+    warm = asyncio.Event()
+    counter = [0]
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0),
+                             limits=httpx.Limits(max_connections=args.streams + 16))
+    load = asyncio.gather(*(one_stream(http, router, i, s, warm, counter, args.streams)
+                            for i, s in enumerate(streams)))
+    await asyncio.wait_for(warm.wait(), 120)
+    result = Result(mode)
+    # 3. Stop pod A, the mode's way.
+    seen: dict[str, float] = {}
+    watcher = None
+    t0 = time.monotonic()
+    if mode == "migrate":
+        assert coord_a is not None
+        watcher = asyncio.create_task(watch_handoffs(http, coord_a.url, seen))
+        sock = socket.create_connection(urlsplit_hostport(coord_a.url))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # The call leaves on a connection opened beforehand: t0 is when its bytes are sent.
+        t0 = time.monotonic()
+        sock.sendall(b"GET /drain HTTP/1.1\r\nHost: coordinator\r\nConnection: close\r\n\r\n")
+        drain = asyncio.create_task(asyncio.to_thread(read_answer, sock))
+    elif mode == "restart":
+        for engine in pod_a:
+            os.kill(engine.pid, signal.SIGTERM)
+    empty = asyncio.create_task(asyncio.to_thread(wait_pod_empty, pod_a))
+    if mode == "wait":
+        await wait_streams_of(pod_a)
+        for engine in pod_a:
+            os.kill(engine.pid, signal.SIGTERM)
+    result.empty_ms = (await empty - t0) * 1000
+    await asyncio.wait_for(load, 300)
+    result.streams_done_ms = (max(s.done_at or t0 for s in streams) - t0) * 1000
+    if mode == "migrate":
+        started_at = (await drain)["drain"]["started_at"]
+        assert watcher is not None
+        watcher.cancel()
+        result.handoff_ms = [(at - t0) * 1000 for at in seen.values()]
+        for engine in pod_a:
+            times = (engine.record_of(engine.pid) or {}).get("worker_client") or {}
+            set_at = times.get("shutdown_event_set_at_monotonic")
+            if set_at is not None:
+                result.shutdown_ms.append((set_at - t0) * 1000)
+                result.push_ms.append((times["shutdown_event_set_at"] - started_at) * 1000)
+                result.loop_hop_ms.append((set_at - times["drain_received_at_monotonic"]) * 1000)
+    await http.aclose()
+    for s in streams:
+        lost, dup = s.damage()
+        result.lost += lost
+        result.duplicated += dup
+        result.incomplete += s.done_at is None
+    return result
+
+
+def start_router(janitor: ProcessJanitor, tmp: Path, pod_a: list[EngineHandle],
+                 coord_a: Running | None, pod_b: list[EngineHandle], coord_b: Running,
+                 resume: str) -> str:
+    ready = tmp / "router.json"
+    argv = ["-m", "router_client.reference_router", "--port", "0", "--ready-file", str(ready),
+            "--resume", resume]
+    for e in pod_a:
+        argv += ["--worker", f"{e.url}={coord_a.url if coord_a else NO_COORDINATOR}"]
+    for e in pod_b:
+        argv += ["--standby-worker", f"{e.url}={coord_b.url}"]
+    janitor.spawn_python(argv, cwd=ROOT, stdout=subprocess.DEVNULL)
+    wait_for(ready.exists, what="router ready")
+    return str(json.loads(ready.read_text())["url"])
+
+
+async def one_stream(http: httpx.AsyncClient, router: str, i: int, stream: Stream,
+                     warm: asyncio.Event, counter: list[int], total: int) -> None:
+    body = {"prompt": stream.prompt, "max_tokens": stream.max_tokens, "stream": True}
+    async with http.stream("POST", f"{router}/v1/completions", json=body,
+                           headers={"X-Request-Id": f"b{i}"}) as resp:
+        async for event in sse.events(resp.aiter_lines()):
+            if event == sse.DONE:
+                stream.done_at = time.monotonic()
+                break
+            if not isinstance(event, dict) or "error" in event:
+                break
+            stream.tokens.append(sse.chunk_text(event))
+            if len(stream.tokens) == WARM_TOKENS:
+                counter[0] += 1
+                if counter[0] == total:
+                    warm.set()
+
+
+async def watch_handoffs(http: httpx.AsyncClient, url: str, seen: dict[str, float]) -> None:
+    """Long-poll ``/status``; note when each request id first shows in ``migrations``."""
+    generation = -1
+    while True:
+        params = {"wait": 10, "since": generation} if generation >= 0 else {}
+        resp = await http.get(f"{url}/status", params=params)
+        status = resp.json()
+        now = time.monotonic()
+        generation = status["generation"]
+        for m in status["migrations"]:
+            seen.setdefault(m["request_id"], now)
+
+
+def urlsplit_hostport(url: str) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or 80
+
+
+def read_answer(sock: socket.socket) -> dict[str, Any]:
+    """The JSON body of a ``Connection: close`` HTTP/1.1 answer (chunked or not)."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    sock.close()
+    head, _, body = data.partition(b"\r\n\r\n")
+    if b"chunked" in head.lower():
+        out, rest = b"", body
+        while rest:
+            size_line, _, rest = rest.partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            if size == 0:
+                break
+            out, rest = out + rest[:size], rest[size + 2:]
+        body = out
+    answer: dict[str, Any] = json.loads(body)
+    return answer
+
+
+def wait_pod_empty(pod: list[EngineHandle]) -> float:
+    """Block until every process of pod A is gone; returns time.monotonic() then."""
+    procs = []
+    for engine in pod:
+        for p in engine.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(p.pid))
+    psutil.wait_procs(procs, timeout=300)
+    return time.monotonic()
+
+
+async def wait_streams_of(pod: list[EngineHandle]) -> None:
+    """Until no engine of ``pod`` has a request in flight (the "wait" alternative)."""
+    async with httpx.AsyncClient(timeout=30) as http:
+        while True:
+            answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
+            if all(a.json()["inflight"] == 0 for a in answers):
+                return
+            await asyncio.sleep(0.02)
+
+
+def report(results: list[Result], args: argparse.Namespace) -> str:
+    by = {r.mode: r for r in results}
+    lines = [f"drain of {args.workers} workers x {args.streams} streams "
+             f"({args.max_tokens} tokens, {args.token_interval_ms:g} ms/token), "
+             f"{os.cpu_count()} CPUs", "",
+             f"{'mode':<9}{'pod empty':>12}{'streams done':>14}{'lost':>7}{'dup':>7}"
+             f"{'incomplete':>12}"]
+    for r in results:
+        lines.append(f"{r.mode:<9}{r.empty_ms:>10.0f}ms{r.streams_done_ms:>12.0f}ms"
+                     f"{r.lost:>7}{r.duplicated:>7}{r.incomplete:>12}")
+    m = by.get("migrate")
+    if m:
+        lines += ["", f"migrate: shutdown_event set p50 {pct(m.shutdown_ms, .5):.1f} ms, "
+                  f"p99 {pct(m.shutdown_ms, .99):.1f} ms, max {max(m.shutdown_ms or [0]):.1f} ms"
+                  f" ({len(m.shutdown_ms)} workers)",
+                  f"migrate: shutdown_event set after the coordinator's drain start p50 "
+                  f"{pct(m.push_ms, .5):.1f} ms, p99 {pct(m.push_ms, .99):.1f} ms; socket to loop "
+                  f"p50 {pct(m.loop_hop_ms, .5):.2f} ms, p99 {pct(m.loop_hop_ms, .99):.2f} ms",
+                  f"migrate: handoff visible on /status p50 {pct(m.handoff_ms, .5):.1f} ms, "
+                  f"p99 {pct(m.handoff_ms, .99):.1f} ms ({len(m.handoff_ms)} handoffs)"]
+        for other in ("wait", "restart"):
+            o = by.get(other)
+            if o and m.empty_ms and m.streams_done_ms:
+                lines.append(f"{other} / migrate: pod empty x{o.empty_ms / m.empty_ms:.1f}, "
+                             f"streams done x{o.streams_done_ms / m.streams_done_ms:.2f}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--streams", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--token-interval-ms", type=float, default=50.0)
+    parser.add_argument("--modes", default="migrate,wait,restart")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    results = []
+    with tempfile.TemporaryDirectory(prefix="bench-drain-") as tmp:
+        for mode in args.modes.split(","):
+            results.append(asyncio.run(run_mode(mode, args, Path(tmp))))
+            print(f"{mode}: done", file=sys.stderr, flush=True)
+    print(json.dumps([r.__dict__ for r in results]) if args.json else report(results, args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
