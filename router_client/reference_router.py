@@ -59,10 +59,13 @@ class Stats:
 class Router:
     """Chooses workers and runs each request's upstream attempts."""
 
-    def __init__(self, watcher: Watcher, *, resume: str = "continue", max_attempts: int = 0):
+    def __init__(self, watcher: Watcher, *, resume: str = "continue", max_attempts: int = 0,
+                 standby: frozenset[str] = frozenset()):
         self.watcher = watcher
         self.resume = resume
         self.workers = list(watcher.workers)
+        self.standby = standby
+        """Workers that only take continuations (spare capacity), never a first attempt."""
         self.max_attempts = max_attempts or 2 * len(self.workers) + 2
         self.active = dict.fromkeys(self.workers, 0)
         self.stats = Stats()
@@ -75,11 +78,12 @@ class Router:
     async def close(self) -> None:
         await self.http.aclose()
 
-    async def pick(self, avoid: set[str]) -> str | None:
+    async def pick(self, avoid: set[str], first: bool) -> str | None:
         """A worker that is not draining (preferring ones not in ``avoid``), or None."""
 
         def candidates() -> list[str]:
-            open_ = [w for w in self.workers if not self.watcher.is_draining(w)]
+            open_ = [w for w in self.workers if not self.watcher.is_draining(w)
+                     and not (first and w in self.standby)]
             return [w for w in open_ if w not in avoid] or open_
 
         await self.watcher.wait_for(lambda: bool(candidates()), NO_WORKER_WAIT_S)
@@ -96,7 +100,7 @@ class Router:
             remaining = max_tokens - len(sent_text)
             if remaining <= 0 and attempt > 0:
                 break
-            worker = await self.pick(avoid)
+            worker = await self.pick(avoid, first=attempt == 0)
             if worker is None:
                 break
             upstream_id = f"{request_id}.{attempt}"
@@ -138,6 +142,9 @@ class Router:
             if outcome == "handed_back":
                 self.stats.handed_back += 1
                 self._ack_later(worker, upstream_id)
+                # Its whole pod is draining, even if /status has not said so here yet.
+                pod = self.watcher.coordinator_of(worker)
+                avoid.update(w for w in self.workers if self.watcher.coordinator_of(w) == pod)
             elif outcome == "broken":
                 self.stats.broken += 1
             if outcome != "refused" and attempt + 1 < self.max_attempts:
@@ -232,6 +239,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
     parser.add_argument("--worker", action="append", type=_parse_worker, required=True,
                         metavar="URL=COORDINATOR_URL", help="a worker and its coordinator")
+    parser.add_argument("--standby-worker", action="append", type=_parse_worker, default=[],
+                        metavar="URL=COORDINATOR_URL",
+                        help="a worker that only takes continuations of other workers' requests")
     parser.add_argument("--token", default=os.environ.get("SHUTDOWN_COORDINATOR_TOKEN"),
                         help="bearer token for the coordinators (env SHUTDOWN_COORDINATOR_TOKEN)")
     parser.add_argument("--resume", choices=("continue", "restart"), default="continue",
@@ -241,9 +251,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 async def serve(args: argparse.Namespace) -> None:
-    watcher = Watcher(dict(args.worker), token=args.token)
+    watcher = Watcher(dict(args.worker + args.standby_worker), token=args.token)
     watcher.start()
-    router = Router(watcher, resume=args.resume)
+    standby = frozenset(w for w, _ in args.standby_worker)
+    router = Router(watcher, resume=args.resume, standby=standby)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
