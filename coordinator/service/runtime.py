@@ -135,7 +135,8 @@ class Coordinator:
         self._cache = None
         timeline = self.machine.timeline
         if len(timeline) != self._timeline_seen:
-            self._processes_epoch += 1
+            if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+                self._processes_epoch += 1  # the list switches to the kill's outcomes
             self._on_transition(timeline[max(0, self._timeline_seen - 1):])
             self._timeline_seen = len(timeline)
         if self._loop_ready:
