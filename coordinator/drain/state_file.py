@@ -9,7 +9,8 @@ Writes are coalesced: ``StateWriter.mark_dirty()`` (cheap, called on every chang
 write of the latest snapshot; ``flush()`` writes at once (before the kill starts, so a restart
 knows the drain had reached ``terminating``). Outcomes reported by the kill engine are therefore
 on disk within one write of their change; a restart inside that window can at worst re-signal
-a process the engine had just signalled with the same graceful signal.
+a process the engine had just signalled with the same graceful signal, and a process that
+ended inside it is missing from the resumed drain's summary (nothing can find it afterwards).
 """
 
 from __future__ import annotations

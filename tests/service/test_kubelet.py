@@ -3,6 +3,7 @@ SIGTERM after the hook."""
 
 from __future__ import annotations
 
+import json
 import signal
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -75,8 +76,6 @@ def test_sigterm_during_a_drain_lets_it_finish_then_exits_0(
         assert client.post("/drain", json={"wait": False}).status_code == 202
     running.proc.send_signal(signal.SIGTERM)
     assert running.proc.wait(timeout=60) == 0
-    import json
-
     document = json.loads(state.read_text())
     assert document["phase"] == "done"
     fates = {o["pid"]: o["fate"] for o in document["drain"]["outcomes"]}
