@@ -8,6 +8,7 @@ Prints one line per thing that happened, in order, and exits 0 after its own shu
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
 import time
@@ -18,7 +19,8 @@ from worker_client import WorkerClient, install_graceful_shutdown
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    # One write(2) per line: a signal handler that says something cannot split another line.
+    os.write(1, (line + "\n").encode())
 
 
 def previous_handler(signum: int, frame: FrameType | None) -> None:
