@@ -9,6 +9,7 @@ signalled, and only by PID.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -64,12 +65,11 @@ class ProcessJanitor:
 
     def adopt(self, pid: int) -> None:
         """Track a process started by something else (e.g. a daemonised child)."""
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             self._extra.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
 
-    def _leftovers(self) -> list[psutil.Process]:
+    def leftovers(self) -> list[psutil.Process]:
+        """Live processes this janitor is responsible for (its sessions and their trees)."""
         found: dict[int, psutil.Process] = {}
         for proc in self._popens:
             try:
@@ -96,25 +96,19 @@ class ProcessJanitor:
 
     def close(self) -> None:
         """SIGTERM what is left, wait up to a bound, SIGKILL the rest; reap our children."""
-        left = self._leftovers()
+        left = self.leftovers()
         for p in left:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
         _, alive = psutil.wait_procs(left, timeout=TERM_GRACE_S)
         for p in alive:
-            try:
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         psutil.wait_procs(alive, timeout=TERM_GRACE_S)
         # A second sweep catches processes forked while we were terminating.
-        for p in self._leftovers():
-            try:
+        for p in self.leftovers():
+            with contextlib.suppress(psutil.Error):
                 p.kill()
-            except psutil.Error:
-                pass
         for proc in self._popens:
             try:
                 proc.wait(timeout=TERM_GRACE_S)
