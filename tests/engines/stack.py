@@ -149,7 +149,8 @@ class Vllm:
 
 
 def start_vllm(
-    janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None
+    janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None,
+    max_model_len: int = 512,
 ) -> Vllm:
     """Start an unmodified vLLM (``vllm.entrypoints.openai.api_server``) and wait until healthy.
 
@@ -162,7 +163,7 @@ def start_vllm(
     module = argv or ["-m", "vllm.entrypoints.openai.api_server"]
     engine_flags = [
         "--model", str(model_dir), "--served-model-name", "tiny",
-        "--load-format", "dummy", "--max-model-len", "512",
+        "--load-format", "dummy", "--max-model-len", str(max_model_len),
         # Reserve a fixed KV cache: the default reserves a fraction of all memory and refuses
         # to start when other processes use some of it.
         "--kv-cache-memory-bytes", str(256 * 2**20),
