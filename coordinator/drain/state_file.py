@@ -104,7 +104,10 @@ class StateWriter:
     async def _write_soon(self) -> None:
         # Let the change that marked us dirty finish (and its siblings join) before writing.
         await asyncio.sleep(0)
-        await self._write_if_dirty()
+        # Changes made while a write is on its way find this task still running and start
+        # no other: write again until nothing is left, or they would wait for the next change.
+        while self._dirty:
+            await self._write_if_dirty()
 
     async def _write_if_dirty(self) -> None:
         async with self._lock:
