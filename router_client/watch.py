@@ -6,9 +6,11 @@ router learns of a drain within one round trip, with no polling interval.
 
 The router asks three things: is this worker draining (stop sending it work), was this request
 handed back (continue it elsewhere), and acknowledge the handoffs it re-issued. An
-acknowledgement can reach the coordinator before the worker's handoff report does (the router
-reads the handed-back event from the stream first); such an ack answers ``unknown`` and is
-sent again as soon as the request shows up in ``migrations``.
+acknowledgement often reaches the coordinator before the worker's handoff report does (the
+router reads the handed-back event from the stream first); the coordinator answers it
+``early``, remembers it and applies it when the report lands. A coordinator that answers
+``unknown`` instead (one without early acknowledgements) gets the ack again as soon as the
+request shows up in ``migrations``; acking twice is harmless either way.
 """
 
 from __future__ import annotations
@@ -149,7 +151,8 @@ class Watcher:
     # -- acknowledgements -------------------------------------------------------------------
 
     async def ack(self, request_ids: Iterable[str], coordinator: str | None = None) -> list[str]:
-        """Acknowledge re-issued requests; returns those acked now (the rest are retried).
+        """Acknowledge re-issued requests; returns those the coordinator took (acknowledged,
+        or remembered until their handoff is reported); the rest are retried.
 
         Without ``coordinator``, each id goes to every coordinator that lists it (or, when none
         does yet, to all of them on their next change).
@@ -175,18 +178,20 @@ class Watcher:
             log.warning("ack to %s failed (%s); retrying on its next change", view.url, exc)
             view.pending_acks.update(ids)
             return []
+        done = [*(answer.get("acked") or ()), *(answer.get("early") or ())]
         view.pending_acks.update(answer.get("unknown") or ())
-        view.pending_acks.difference_update(answer.get("acked") or ())
-        return list(answer.get("acked") or ())
+        view.pending_acks.difference_update(done)
+        return done
 
     # -- the long-poll ----------------------------------------------------------------------
 
     async def _follow(self, view: CoordinatorView) -> None:
         delay = RETRY_FIRST_S
         while True:
-            params: dict[str, Any] = {}
+            # The router view leaves out the process list: a few KB per answer, not ~100 KB.
+            params: dict[str, Any] = {"view": "router"}
             if view.status is not None:
-                params = {"wait": self.long_poll_s, "since": view.generation}
+                params.update(wait=self.long_poll_s, since=view.generation)
             try:
                 resp = await self._http.get(f"{view.url}/status", params=params)
                 resp.raise_for_status()

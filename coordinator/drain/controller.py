@@ -4,8 +4,9 @@
                     (both happen inside ``start()``, before anything awaits); stay at least
                     ``min_drain``.
     2. migrating    wait until every worker reports zero in-flight and every handoff is
-                    acknowledged, or the migration deadline (a worker that never reported
-                    counts as drained at once).
+                    acknowledged, or the migration deadline. A worker whose event stream was
+                    open when the drain started holds the phase until it has reported (or
+                    disconnected, or exited); one that never connected counts as drained.
     3. terminating  persist, push ``terminate`` to connected workers, wait (bounded) for their
                     ``prekill_done``, then run the ordered kill on every registered tree and
                     every adopted tree (re-discovered now), with the outcomes of a previous
@@ -61,8 +62,9 @@ class Fleet(Protocol):
         """Push ``terminate``; return the ids of workers whose ``prekill_done`` to wait for."""
 
     def migration_settled(self) -> bool:
-        """Every worker reported zero in-flight (or never reported, or exited) and every
-        handoff is acknowledged."""
+        """Every worker reported zero in-flight since the drain started (or was not
+        connected to hear of it, or disconnected, or exited) and every handoff is
+        acknowledged."""
 
     def prekill_settled(self, worker_ids: list[str]) -> bool:
         """Every one of these workers reported ``prekill_done`` (or exited, or disconnected)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -148,14 +148,16 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
         request: Request,
         wait: Annotated[float, Query(ge=0, le=86_400)] = 0.0,
         since: Annotated[int | None, Query(ge=0, le=2**53)] = None,
+        view: Literal["full", "router"] = "full",
     ) -> Response:
-        """The whole state; ``?wait=S&since=G`` blocks until ``generation`` > G (S capped).
+        """The whole state; ``?wait=S&since=G`` blocks until ``generation`` > G (S capped);
+        ``view=router`` leaves out ``processes`` and the history (what routers poll).
 
         Well-formed requests are answered by ``StatusFastPath`` before reaching this route;
         it stays as the documented, validating fallback with the same behaviour.
         """
         await long_poll(coordinator, wait, since, settings.long_poll_cap_s)
-        _, etag, body = coordinator.status_bytes()
+        _, etag, body = coordinator.status_bytes(view)
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag})
         return Response(body, media_type=JSON, headers={"ETag": etag,
@@ -197,9 +199,10 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     @api.post("/migrations/ack")
     async def ack(body: AckRequest) -> dict[str, list[str]]:
-        """A router re-issued these handed-back requests."""
-        acked, unknown = coordinator.ack(body.request_ids)
-        return {"acked": acked, "unknown": unknown}
+        """A router re-issued these handed-back requests: ``acked`` were pending, ``early``
+        were not reported yet (applied when they are), ``unknown`` were settled already."""
+        result = coordinator.ack(body.request_ids)
+        return {"acked": result.acked, "early": result.early, "unknown": result.unknown}
 
     app.include_router(public)
     app.include_router(api)

@@ -1,9 +1,10 @@
 """``GET /status`` without the framework: the hot path many routers poll.
 
 A pure ASGI middleware answers well-formed ``GET /status`` requests itself — token check,
-``?wait=S&since=G`` long-poll, ETag/304, the per-generation cached body — and hands everything
-else (including any malformed query, so the framework's validation answers it with a 422)
-to the FastAPI app, whose ``/status`` route documents and backs the same behaviour.
+``?wait=S&since=G`` long-poll, ``view=router``, ETag/304, the per-generation cached body —
+and hands everything else (including any malformed query, so the framework's validation
+answers it with a 422) to the FastAPI app, whose ``/status`` route documents and backs the
+same behaviour.
 """
 
 from __future__ import annotations
@@ -14,18 +15,19 @@ from urllib.parse import parse_qsl
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.service.auth import TokenCheck
-from coordinator.service.runtime import Coordinator
+from coordinator.service.runtime import FULL_VIEW, VIEWS, Coordinator
 
 MAX_WAIT_S = 86_400.0
 MAX_SINCE = 2**53
 
 
-def parse_poll(query: bytes) -> tuple[float, int | None] | None:
-    """(wait, since) from a query string, or None when the framework should judge it."""
+def parse_poll(query: bytes) -> tuple[float, int | None, str] | None:
+    """(wait, since, view) from a query string, or None when the framework should judge it."""
     if not query:
-        return 0.0, None
+        return 0.0, None, FULL_VIEW
     wait = 0.0
     since: int | None = None
+    view = FULL_VIEW
     try:
         for key, value in parse_qsl(query.decode("ascii"), strict_parsing=True):
             if key == "wait":
@@ -36,11 +38,13 @@ def parse_poll(query: bytes) -> tuple[float, int | None] | None:
                 since = int(value)
                 if not 0 <= since <= MAX_SINCE:
                     return None
+            elif key == "view" and value in VIEWS:
+                view = value
             else:
                 return None
     except (ValueError, UnicodeDecodeError):
         return None
-    return wait, since
+    return wait, since, view
 
 
 async def long_poll(coordinator: Coordinator, wait: float, since: int | None,
@@ -81,7 +85,7 @@ class StatusFastPath:
             await self.app(scope, receive, send)
             return
         await long_poll(self.coordinator, poll[0], poll[1], self.cap_s)
-        _, etag, body = self.coordinator.status_bytes()
+        _, etag, body = self.coordinator.status_bytes(poll[2])
         tag = etag.encode()
         if if_none_match == tag:
             await send({"type": "http.response.start", "status": 304,

@@ -2,13 +2,29 @@
 
 Each appears in ``/status`` ``migrations`` until a router acknowledges it (``POST
 /migrations/ack``) or the drain's budget ends (then it is counted ``expired``).
+
+A router usually reads the handed-back event on the engine's stream, and so acknowledges,
+before the worker's batched report reaches the coordinator. Such an early acknowledgement is
+remembered (a bounded number of ids, until the drain ends) and applied when the handoff
+arrives: the handoff is then counted handed back and acknowledged at once, never listed as
+pending, and the router has nothing to retry.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal
+
+EARLY_ACKS_KEPT = 10_000
+"""Early acknowledgements remembered at most (the oldest are forgotten first): one per
+request a router re-issued before its handoff was reported, far above one pod's burst."""
+
+RESOLVED_KEPT = 10_000
+"""Acknowledged or expired ids remembered, so a repeated ack answers ``unknown`` instead of
+being taken for an early one."""
+
+Added = Literal["listed", "acked"]
 
 
 @dataclass
@@ -26,55 +42,99 @@ class Migration:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class AckResult:
+    """What one ``POST /migrations/ack`` did with each id."""
+
+    acked: list[str]
+    """Pending migrations this call removed."""
+    early: list[str]
+    """Not reported yet: remembered, and applied when the handoff arrives."""
+    unknown: list[str]
+    """Already acknowledged or expired."""
+
+
 class MigrationBook:
-    """Pending migrations and running totals."""
+    """Pending migrations, early acknowledgements and running totals."""
 
     def __init__(self) -> None:
         self.pending: dict[str, Migration] = {}
+        self.early: dict[str, float] = {}
+        """Early acknowledgements (request id → when), oldest first."""
+        self._resolved: dict[str, None] = {}
         self.handed_back = 0
         self.acked = 0
         self.expired = 0
 
     def add(self, worker: str, worker_url: str | None, request_id: str, tokens: int,
-            detail: Any = None) -> bool:
-        """Record a handoff; False when the same request was already pending."""
+            detail: Any = None) -> Added | None:
+        """Record a handoff: ``listed`` (pending), ``acked`` (an early ack settled it at
+        once), or None when the same request was already pending."""
         if request_id in self.pending:
-            return False
+            return None
+        self.handed_back += 1
+        if self.early.pop(request_id, None) is not None:
+            self.acked += 1
+            self._resolve(request_id)
+            return "acked"
         self.pending[request_id] = Migration(request_id, worker, worker_url, tokens,
                                              time.time(), detail)
-        self.handed_back += 1
-        return True
+        return "listed"
 
-    def ack(self, request_ids: list[str]) -> tuple[list[str], list[str]]:
-        """Acknowledge re-issued requests; returns (acked, unknown)."""
+    def ack(self, request_ids: list[str]) -> AckResult:
+        """Acknowledge re-issued requests."""
         acked: list[str] = []
+        early: list[str] = []
         unknown: list[str] = []
         for request_id in dict.fromkeys(request_ids):
             if self.pending.pop(request_id, None) is not None:
                 acked.append(request_id)
-            else:
+                self._resolve(request_id)
+            elif request_id in self._resolved:
                 unknown.append(request_id)
+            else:
+                early.append(request_id)
+                self.early.pop(request_id, None)
+                self.early[request_id] = time.time()
+                while len(self.early) > EARLY_ACKS_KEPT:
+                    del self.early[next(iter(self.early))]
         self.acked += len(acked)
-        return acked, unknown
+        return AckResult(acked, early, unknown)
+
+    def forget_early(self) -> None:
+        """The drain ended: acknowledgements of handoffs that never came are dropped."""
+        self.early.clear()
 
     def expire_all(self) -> int:
         """The budget ended: drop every pending migration; returns how many."""
         count = len(self.pending)
+        for request_id in self.pending:
+            self._resolve(request_id)
         self.pending.clear()
+        self.early.clear()
         self.expired += count
         return count
 
+    def _resolve(self, request_id: str) -> None:
+        self._resolved[request_id] = None
+        while len(self._resolved) > RESOLVED_KEPT:
+            del self._resolved[next(iter(self._resolved))]
+
     def counts(self) -> dict[str, int]:
         return {"handed_back": self.handed_back, "acked": self.acked,
-                "expired": self.expired, "pending": len(self.pending)}
+                "expired": self.expired, "pending": len(self.pending),
+                "early_acks": len(self.early)}
 
     def to_record(self) -> dict[str, Any]:
-        return {**self.counts(), "pending": [m.to_dict() for m in self.pending.values()]}
+        return {**self.counts(), "pending": [m.to_dict() for m in self.pending.values()],
+                "early": list(self.early.items())}
 
     def restore(self, data: dict[str, Any]) -> None:
         for item in data.get("pending", ()):
             migration = Migration(**item)
             self.pending[migration.request_id] = migration
+        for request_id, at in data.get("early", ()):
+            self.early[str(request_id)] = float(at)
         self.handed_back = int(data.get("handed_back", 0))
         self.acked = int(data.get("acked", 0))
         self.expired = int(data.get("expired", 0))

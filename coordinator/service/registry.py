@@ -61,6 +61,9 @@ class Worker:
     prekill_done: bool = False
     connected: int = 0
     """Open event streams."""
+    awaiting_report: bool = False
+    """Its stream was open when the drain started and it has not reported its in-flight
+    count since: until it does (or disconnects, or exits) the migrating phase holds."""
     handed_back: int = 0
     exited_at: float | None = None
 
@@ -84,6 +87,7 @@ class Worker:
             "inflight": self.inflight,
             "handed_back": self.handed_back,
             "connected": self.connected > 0,
+            "awaiting_report": self.awaiting_report,
             "prekill_done": self.prekill_done,
             "registered_at": self.registered_at,
             "exited_at": self.exited_at,

@@ -29,7 +29,7 @@ from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service import adoption, identity
 from coordinator.service.metrics import CoordinatorMetrics
-from coordinator.service.migrations import MigrationBook
+from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
 from coordinator.service.notifier import Notifier
 from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
@@ -38,6 +38,10 @@ from coordinator.settings import Settings
 log = logging.getLogger(__name__)
 
 TIMELINE_KEPT = 64
+FULL_VIEW = "full"
+ROUTER_VIEW = "router"
+"""``GET /status?view=router``: the document without ``processes`` and the history."""
+VIEWS = (FULL_VIEW, ROUTER_VIEW)
 
 
 def process_entry(o: ProcessOutcome) -> dict[str, Any]:
@@ -70,6 +74,7 @@ class Coordinator:
         self.adopted: list[identity.ProcessFacts] = []
         self.scanned: dict[int, ProcessOutcome] = {}
         self._cache: tuple[int, str, bytes] | None = None
+        self._router_cache: tuple[int, str, bytes] | None = None
         self._processes_epoch = 0
         """Bumped whenever the process list may have changed (its JSON is cached apart)."""
         self._processes_cache: tuple[int, bytes, bytes] | None = None
@@ -133,6 +138,7 @@ class Coordinator:
 
     def _changed(self, _generation: int) -> None:
         self._cache = None
+        self._router_cache = None
         timeline = self.machine.timeline
         if len(timeline) != self._timeline_seen:
             if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
@@ -198,15 +204,19 @@ class Coordinator:
 
     # --- /status ---------------------------------------------------------------------------
 
-    def etag(self) -> str:
-        return f'"{self.instance}-{self.machine.generation}"'
+    def etag(self, view: str = FULL_VIEW) -> str:
+        suffix = "" if view == FULL_VIEW else f"-{view}"
+        return f'"{self.instance}-{self.machine.generation}{suffix}"'
 
-    def status_bytes(self) -> tuple[int, str, bytes]:
-        """(generation, ETag, body) of ``/status``, serialized once per generation.
+    def status_bytes(self, view: str = FULL_VIEW) -> tuple[int, str, bytes]:
+        """(generation, ETag, body) of ``/status`` (or its ``router`` view), serialized once
+        per generation.
 
         The process list (hundreds of entries) is serialized apart and only when it changed,
         so a change elsewhere (a phase, a worker's report) re-serializes a few hundred bytes.
         """
+        if view == ROUTER_VIEW:
+            return self._router_bytes()
         cache = self._cache
         generation = self.machine.generation
         if cache is not None and cache[0] == generation and self.settings.status_cache:
@@ -218,6 +228,31 @@ class Coordinator:
         cache = (generation, self.etag(), body)
         self._cache = cache
         return cache
+
+    def _router_bytes(self) -> tuple[int, str, bytes]:
+        cache = self._router_cache
+        generation = self.machine.generation
+        if cache is not None and cache[0] == generation and self.settings.status_cache:
+            return cache
+        cache = (generation, self.etag(ROUTER_VIEW),
+                 json.dumps(self.router_document(), separators=(",", ":")).encode())
+        self._router_cache = cache
+        return cache
+
+    def router_document(self) -> dict[str, Any]:
+        """What a router needs from ``/status``: no process list, timeline or history, so
+        a long-poll answer to many routers stays a few KB whatever the pod's size."""
+        phase = self.machine.phase
+        current = self.controller.drain if phase is not Phase.SERVING else None
+        return {
+            "phase": phase.value,
+            "generation": self.machine.generation,
+            "ready": phase is Phase.SERVING,
+            "drain": current.to_status() if current else None,
+            "workers": [w.to_status() for w in self.registry.workers.values()],
+            "migrations": [m.to_dict() for m in self.migrations.pending.values()],
+            "migration_counts": self.migrations.counts(),
+        }
 
     def _processes_json(self) -> tuple[bytes, bytes]:
         cached = self._processes_cache
@@ -345,24 +380,29 @@ class Coordinator:
     def report(self, worker: Worker, body: ReportRequest) -> None:
         """A worker's in-flight count, handoffs and pre-kill confirmation."""
         for handoff in body.handoffs:
-            if self.migrations.add(worker.id, worker.url, handoff.request_id, handoff.tokens,
-                                   handoff.detail):
+            added = self.migrations.add(worker.id, worker.url, handoff.request_id,
+                                        handoff.tokens, handoff.detail)
+            if added is not None:
                 worker.handed_back += 1
                 self.metrics.migrations.labels("handed_back").inc()
+            if added == "acked":
+                self.metrics.migrations.labels("acked").inc()
         if body.inflight is not None:
             worker.inflight = body.inflight
+            worker.awaiting_report = False
             if body.inflight == 0 and worker.state is WorkerState.DRAINING:
                 worker.state = WorkerState.DRAINED
         if body.prekill_done:
             worker.prekill_done = True
         self.bump()
 
-    def ack(self, request_ids: list[str]) -> tuple[list[str], list[str]]:
-        acked, unknown = self.migrations.ack(request_ids)
-        if acked:
-            self.metrics.migrations.labels("acked").inc(len(acked))
+    def ack(self, request_ids: list[str]) -> AckResult:
+        result = self.migrations.ack(request_ids)
+        if result.acked:
+            self.metrics.migrations.labels("acked").inc(len(result.acked))
+        if result.acked or result.early:
             self.bump()
-        return acked, unknown
+        return result
 
     def stream_opened(self, worker: Worker) -> None:
         worker.connected += 1
@@ -370,6 +410,8 @@ class Coordinator:
 
     def stream_closed(self, worker: Worker) -> None:
         worker.connected = max(0, worker.connected - 1)
+        if not worker.connected:
+            worker.awaiting_report = False  # it cannot have heard of the drain, or is gone
         self.bump()
 
     def catch_up_events(self) -> list[dict[str, Any]]:
@@ -400,6 +442,9 @@ class Coordinator:
         for worker in self.registry.alive():
             if worker.state is WorkerState.SERVING:
                 worker.state = WorkerState.DRAINING
+            # A worker that hears of the drain now holds the migrating phase until it has
+            # reported; one that never connected cannot report and counts as drained.
+            worker.awaiting_report = self.notifier.connected(worker.id) > 0
         self.metrics.drains_started.inc()
         self.bump()
 
@@ -408,6 +453,7 @@ class Coordinator:
         for worker in self.registry.alive():
             worker.state = WorkerState.SERVING
             worker.prekill_done = False
+            worker.awaiting_report = False
 
     def terminating(self, drain: DrainRecord) -> list[str]:
         self.notifier.publish(self._terminate_event(drain))
@@ -422,7 +468,7 @@ class Coordinator:
     def migration_settled(self) -> bool:
         if self.migrations.pending:
             return False
-        return all(not w.inflight for w in self.registry.alive())
+        return all(not w.inflight and not w.awaiting_report for w in self.registry.alive())
 
     def prekill_settled(self, worker_ids: list[str]) -> bool:
         for worker_id in worker_ids:
@@ -454,6 +500,7 @@ class Coordinator:
             self.bump()
 
     def _finished(self, drain: DrainRecord) -> None:
+        self.migrations.forget_early()
         self.metrics.drains.labels(drain.outcome or "unknown").inc()
         self.metrics.drain_seconds.observe(
             max(0.0, (drain.ended_at or time.time()) - drain.deadlines.started_at))

@@ -54,8 +54,7 @@ async def test_router_that_never_acknowledges(janitor: ProcessJanitor, tmp_path:
        it) is handed back at once with 0 tokens.
     5. The migrating phase holds until its deadline, then the drain still ends: phase done,
        the tree ended gracefully; at the budget's end the 5 handoffs expire."""
-    # min-drain lets the engine's first in-flight report arrive before migrating begins.
-    pod = start_pod(janitor, tmp_path, "pod", "--grace-period", "6", "--min-drain", "0.3")
+    pod = start_pod(janitor, tmp_path, "pod", "--grace-period", "6")
     coordinator = pod.coordinator
     assert coordinator is not None
     warm = [asyncio.Event() for _ in range(4)]

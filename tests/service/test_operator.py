@@ -104,7 +104,8 @@ def test_handoffs_stay_listed_until_acknowledged(
     """1. register a worker that reports 2 in flight; drain; 2. the worker hands back two
     requests and reports 0 in flight; 3. /status lists both migrations while the drain
     waits in migrating;
-    4. a router acknowledges them (one unknown id too): the drain moves on to done."""
+    4. a router acknowledges them (and one id never reported, which it remembers as
+       early): the drain moves on to done."""
     running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60")
     tree = start_tree(janitor, tmp_path, children=1, grandchildren=0)
     worker = register(running, tree["pid"], url="http://w1")
@@ -120,7 +121,7 @@ def test_handoffs_stay_listed_until_acknowledged(
                 for m in status["migrations"]} == {("r1", worker["id"], 7, "http://w1"),
                                                    ("r2", worker["id"], 0, "http://w1")}
         acked = client.post("/migrations/ack", json={"request_ids": ["r1", "r2", "zz"]})
-        assert acked.json() == {"acked": ["r1", "r2"], "unknown": ["zz"]}
+        assert acked.json() == {"acked": ["r1", "r2"], "early": ["zz"], "unknown": []}
         done = client.get("/drain").json()
         assert done["phase"] == "done"
         assert done["migration_counts"]["acked"] == 2
