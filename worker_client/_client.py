@@ -7,6 +7,7 @@ import contextlib
 import functools
 import inspect
 import logging
+import os
 import random
 import threading
 import time
@@ -38,6 +39,11 @@ DRAIN_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
 RECONNECT_FIRST_S = 0.02
 RECONNECT_MAX_S = 2.0
 
+EVENT_READER_ENV = "WORKER_CLIENT_EVENT_READER"
+"""``loop`` (the default: read the event stream on the engine's loop when there is one) or
+``thread`` (always a reader thread); the constructor's ``event_reader`` wins over it."""
+EVENT_READERS = ("loop", "thread")
+
 
 class WorkerClient:
     """Registers this engine process with its coordinator and follows the drain.
@@ -59,7 +65,13 @@ class WorkerClient:
         tiers: Sequence[Tier] = (),
         include_tree: bool = True,
         report_window_s: float = DEFAULT_WINDOW_S,
+        event_reader: str | None = None,
     ) -> None:
+        reader = event_reader or os.environ.get(EVENT_READER_ENV) or "loop"
+        if reader not in EVENT_READERS:
+            raise ValueError(f"event_reader must be one of {EVENT_READERS}, not {reader!r}")
+        self.event_reader = reader
+        """Where the drain notice is read: on the engine's loop, or in a thread."""
         self.coordinator_url = coordinator_url.rstrip("/") if coordinator_url else None
         self.registration = Registration(
             role=role, url=url, name=name, tiers=tuple(tiers), include_tree=include_tree,
@@ -75,6 +87,9 @@ class WorkerClient:
         """The last ``drain`` event (reason, deadlines), None while serving."""
         self.drain_received_at: float | None = None
         """time.monotonic() when the drain notice was read off the socket."""
+        self.drain_received_in: str | None = None
+        """The thread that read it: the loop's own (``event_reader="loop"``) or the reader
+        thread's name."""
         self.shutdown_set_at: float | None = None
         """time.monotonic() when ``shutdown_event`` was set on the loop."""
         self.unreported_handoffs = 0
@@ -225,10 +240,13 @@ class WorkerClient:
             return
         self.drain = event
         self.drain_received_at = time.monotonic()
+        self.drain_received_in = threading.current_thread().name
         self._tracker.shutting_down = True
         self.draining.set()
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is not None and _running_loop() is loop:
+            self._shutdown_on_loop()  # read on the loop: set it in this very iteration
+        elif loop is not None and not loop.is_closed():
             try:
                 loop.call_soon_threadsafe(self._shutdown_on_loop)
             except RuntimeError:  # the loop closed in between
@@ -252,7 +270,9 @@ class WorkerClient:
         self.drain = None
         self._tracker.resume()
         self.draining.clear()
-        if self._loop is not None and not self._loop.is_closed():
+        if self._loop is not None and _running_loop() is self._loop:
+            self.shutdown_event.clear()
+        elif self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self.shutdown_event.clear)
         else:
             self.shutdown_event.clear()
@@ -269,7 +289,11 @@ class WorkerClient:
                 self._stream = EventStream(
                     f"{self.coordinator_url}/workers/{self.worker_id}/events", self._headers
                 )
-                self._stream.run(self._on_event)
+                loop = self._loop
+                if self.event_reader == "loop" and loop is not None and not loop.is_closed():
+                    self._stream.run_on_loop(loop, self._on_event)
+                else:
+                    self._stream.run(self._on_event)
             except WorkerUnknown:
                 log.info("coordinator forgot worker %s; registering again", self.worker_id)
                 self._forget_registration()
@@ -365,6 +389,13 @@ class WorkerClient:
         if resp.status_code == 404 and self._stream is not None:
             self._stream.close()  # the events thread registers again
         resp.raise_for_status()
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return None
 
 
 def _request_id(kwargs: dict[str, Any], id_arg: str) -> str | None:
