@@ -17,3 +17,6 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== core tests"
 .venv/bin/pytest
+echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers)"
+bash scripts/engines.sh
+.venv/bin/pytest -m engine tests/engines
