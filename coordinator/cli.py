@@ -1,4 +1,4 @@
-"""``shutdown-coordinator``: ``serve``, ``drain``, ``status`` and ``demo``.
+"""``shutdown-coordinator``: ``serve``, ``drain``, ``status``, ``kill`` and ``demo``.
 
 Every ``serve`` flag also reads ``SHUTDOWN_COORDINATOR_<NAME>`` (see ``coordinator.settings``);
 the client commands read ``SHUTDOWN_COORDINATOR_URL`` and ``SHUTDOWN_COORDINATOR_TOKEN_FILE``
@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from coordinator import __version__, exit_codes
+from coordinator import __version__, exit_codes, kill_command
 from coordinator.settings import DEFAULT_URL, ENV_PREFIX
 
 RECONNECT_S = 15.0
@@ -93,6 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="print the coordinator's state")
     client_flags(status)
 
+    kill_command.add_parser(sub)
+
     sub.add_parser("demo", help="run the demo: coordinator, simulated engine, router, load",
                    add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     return parser
@@ -115,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _serve(args, parser)
     if args.command == "drain":
         return _drain(args)
+    if args.command == "kill":
+        return kill_command.run(args)
     return _status(args)
 
 

@@ -1,0 +1,95 @@
+"""``shutdown-coordinator kill``: the ordered graceful kill, without the service.
+
+For hosts and break-glass moments where no coordinator runs: terminate process trees given by
+PID or by a command-line pattern, in order (deepest first, each root last), and print how
+every process ended. ``--force`` is the operator's quick stop: SIGKILL everything at once.
+
+Exit codes are the ``drain`` command's: 0 all graceful, 3 something needed SIGKILL, 4 something
+survived, 8 a target was refused (PID 1, this process, an ancestor) and nothing was signalled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+
+from coordinator import exit_codes
+from coordinator.errors import RefusedTarget
+from coordinator.kill import Fate, KillPolicy, KillReport, Target, terminate
+from coordinator.service.adoption import AdoptionRules, discover
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the ``kill`` subcommand."""
+    kill = sub.add_parser("kill", help="terminate process trees in order, without a coordinator")
+    kill.add_argument("pids", nargs="*", type=int, metavar="PID", help="root processes")
+    kill.add_argument("--pattern", action="append", default=[], metavar="REGEX",
+                      help="also every topmost process whose command line matches (repeatable)")
+    kill.add_argument("--force", action="store_true",
+                      help="SIGKILL everything at once (no graceful tier)")
+    kill.add_argument("--tier-timeout", type=float, default=10.0, metavar="S",
+                      help="seconds per tier between SIGTERM and SIGKILL (default 10)")
+    kill.add_argument("--deadline", type=float, default=30.0, metavar="S",
+                      help="overall budget in seconds (default 30)")
+    kill.add_argument("--json", action="store_true", help="print the report as JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``kill`` subcommand; returns the exit code."""
+    if not args.pids and not args.pattern:
+        print("kill: give at least one PID or --pattern", file=sys.stderr)
+        return exit_codes.USAGE
+    if args.tier_timeout <= 0 or args.deadline <= 0:
+        print("kill: --tier-timeout and --deadline must be positive", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        patterns = tuple(re.compile(p).pattern for p in args.pattern)
+    except re.error as exc:
+        print(f"kill: bad --pattern: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+    targets = [Target(pid=pid, role="root") for pid in args.pids]
+    known = set(args.pids)
+    for root in discover(AdoptionRules(patterns=patterns), exclude=known):
+        targets.append(Target(pid=root.pid, start_time=root.start_time, role="matched"))
+    if not targets:
+        print("kill: no process matches", file=sys.stderr)
+        return exit_codes.OK
+    policy = KillPolicy(tier_timeout_s=args.tier_timeout, deadline_s=args.deadline,
+                        force=args.force)
+    try:
+        report = asyncio.run(terminate(targets, policy))
+    except RefusedTarget as exc:
+        print(f"kill: {exc}; nothing was signalled", file=sys.stderr)
+        return exit_codes.REFUSED
+    print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
+    return exit_code(report)
+
+
+def exit_code(report: KillReport) -> int:
+    """``drain``'s exit codes for a kill report."""
+    fates = {p.fate for p in report.processes}
+    if Fate.SURVIVED in fates or Fate.RUNNING in fates:
+        return exit_codes.SURVIVED
+    if Fate.KILLED in fates:
+        return exit_codes.KILLED
+    return exit_codes.OK
+
+
+def render(report: KillReport) -> str:
+    """The report as a table, in the order processes were terminated."""
+    lines = [f"{'PID':>7}  {'DEPTH':>5}  {'FATE':<9} {'SIGNAL':<8} {'AFTER':>9}  {'EXIT':>5}  "
+             "COMMAND"]
+    for p in sorted(report.processes, key=lambda p: (p.ended_at or float("inf"), p.pid)):
+        after = f"{p.elapsed_ms:.0f} ms" if p.elapsed_ms is not None else "-"
+        code = "?" if p.exit_code is None else str(p.exit_code)
+        command = (p.cmdline or p.name)[:60]
+        lines.append(f"{p.pid:>7}  {p.depth:>5}  {p.fate.value:<9} {p.signal or '-':<8} "
+                     f"{after:>9}  {code:>5}  {command}")
+    counts = ", ".join(f"{n} {fate}" for fate, n in report.counts().items() if n)
+    lines.append(f"{len(report.processes)} processes: {counts} "
+                 f"({report.mode}, exits seen by {report.exit_detection})")
+    lines.extend(f"note: {note}" for note in report.notes)
+    return "\n".join(lines)
