@@ -31,6 +31,10 @@ LONG_POLL_S = 20.0
 """How long the coordinator may hold one ``/status`` long-poll (s); below common idle timeouts."""
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0
+ACK_WINDOW_S = 0.005
+"""Acks to one coordinator are gathered this long (s) and sent as one call: a draining pod
+hands back its requests within a few ms, and one ack call per request would load the
+coordinator (and the router) at the very moment the drain's push is still reaching workers."""
 
 DRAINING_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
 
@@ -83,6 +87,8 @@ class Watcher:
         )
         self._tasks: list[asyncio.Task[None]] = []
         self._changed = asyncio.Condition()
+        self._ack_batches: dict[str, list[tuple[list[str], asyncio.Future[list[str]]]]] = {}
+        self._ack_flushes: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> Watcher:
         self.start()
@@ -97,8 +103,11 @@ class Watcher:
             self._tasks.append(asyncio.create_task(self._follow(view), name=f"watch {view.url}"))
 
     async def close(self) -> None:
-        for task in self._tasks:
+        for task in [*self._tasks, *self._ack_flushes]:
             task.cancel()
+        for task in self._ack_flushes:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
@@ -170,6 +179,34 @@ class Watcher:
         return acked
 
     async def _ack(self, view: CoordinatorView, ids: list[str]) -> list[str]:
+        """Join the coordinator's next ack call (sent ``ACK_WINDOW_S`` after its first id)."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[str]] = loop.create_future()
+        batch = self._ack_batches.setdefault(view.url, [])
+        batch.append((ids, fut))
+        if len(batch) == 1:
+            loop.call_later(ACK_WINDOW_S, self._start_flush, view)
+        return await fut
+
+    def _start_flush(self, view: CoordinatorView) -> None:
+        task = asyncio.get_running_loop().create_task(self._flush_acks(view))
+        self._ack_flushes.add(task)
+        task.add_done_callback(self._ack_flushes.discard)
+
+    async def _flush_acks(self, view: CoordinatorView) -> None:
+        batch = self._ack_batches.pop(view.url, [])
+        ids = list(dict.fromkeys(i for wanted, _ in batch for i in wanted))
+        try:
+            done = set(await self._post_ack(view, ids))
+        except asyncio.CancelledError:
+            for _, fut in batch:
+                fut.cancel()
+            raise
+        for wanted, fut in batch:
+            if not fut.done():
+                fut.set_result([i for i in wanted if i in done])
+
+    async def _post_ack(self, view: CoordinatorView, ids: list[str]) -> list[str]:
         try:
             resp = await self._http.post(f"{view.url}/migrations/ack", json={"request_ids": ids})
             resp.raise_for_status()
