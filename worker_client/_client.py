@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 import httpx
 
 from worker_client._events import EventStream, StreamRefused, WorkerUnknown
+from worker_client._raw_http import RawPoster
 from worker_client._registration import Registration, Tier, register
 from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
 from worker_client._tracking import Tracker, TrackScope
@@ -106,6 +107,10 @@ class WorkerClient:
             base_url=self.coordinator_url or "http://invalid", headers=self._headers,
             timeout=httpx.Timeout(5.0, connect=1.0),
         )
+        self._poster = (RawPoster(self.coordinator_url, self._headers)
+                        if self.coordinator_url and self.coordinator_url.startswith("http://")
+                        else None)
+        """Reports go over a plain socket (see ``_raw_http``); httpx for ``https``."""
         self._tracker = Tracker(self._on_inflight, self._on_handoff)
         self._reporter = Reporter(self._post_report, window_s=report_window_s)
 
@@ -148,6 +153,8 @@ class WorkerClient:
         if self._thread is not None:
             self._thread.join(timeout=2.0)
         self._http.close()
+        if self._poster is not None:
+            self._poster.close()
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -260,6 +267,8 @@ class WorkerClient:
             return
         self.shutdown_set_at = time.monotonic()
         self.shutdown_event.set()
+        if self.registered.is_set():
+            self._reporter.notified(time.time())
         self._tracker.interrupt_all()
         for listener in self._drain_listeners:
             listener()
@@ -385,10 +394,15 @@ class WorkerClient:
         worker_id = self.worker_id
         if worker_id is None:
             raise RuntimeError("not registered")
-        resp = self._http.post(f"/workers/{worker_id}/report", json=report)
-        if resp.status_code == 404 and self._stream is not None:
+        path = f"/workers/{worker_id}/report"
+        if self._poster is not None:
+            status, _ = self._poster.post(path, report)
+        else:
+            status = self._http.post(path, json=report).status_code
+        if status == 404 and self._stream is not None:
             self._stream.close()  # the events thread registers again
-        resp.raise_for_status()
+        if status >= 400:
+            raise CoordinatorRefused(status, "report refused")
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -34,6 +34,7 @@ class Reporter:
         self._handoffs: list[dict[str, Any]] = []
         self._inflight: int | None = None
         self._prekill_done = False
+        self._notified_at: float | None = None
         self._first_pending_at: float | None = None
         self._enabled = False
         self._closed = False
@@ -63,6 +64,12 @@ class Reporter:
             self._inflight = count
             self._pending()
 
+    def notified(self, at: float) -> None:
+        """The drain reached the engine (``shutdown_event`` set) at ``at`` (epoch s)."""
+        with self._cond:
+            self._notified_at = at
+            self._pending()
+
     def prekill_done(self) -> None:
         with self._cond:
             self._prekill_done = True
@@ -86,7 +93,8 @@ class Reporter:
         self._cond.notify()
 
     def _has_pending(self) -> bool:
-        return bool(self._handoffs) or self._inflight is not None or self._prekill_done
+        return (bool(self._handoffs) or self._inflight is not None or self._prekill_done
+                or self._notified_at is not None)
 
     def _run(self) -> None:
         delay = RETRY_DELAY_S
@@ -110,7 +118,10 @@ class Reporter:
                     report["inflight"] = self._inflight
                 if self._prekill_done:
                     report["prekill_done"] = True
+                if self._notified_at is not None:
+                    report["notified_at"] = self._notified_at
                 self._handoffs, self._inflight, self._prekill_done = [], None, False
+                self._notified_at = None
                 self._first_pending_at = None
             # 3. Send it; on failure put it back (newer inflight counts win) and back off.
             try:
@@ -122,6 +133,8 @@ class Reporter:
                     if self._inflight is None and "inflight" in report:
                         self._inflight = report["inflight"]
                     self._prekill_done = self._prekill_done or "prekill_done" in report
+                    if self._notified_at is None:
+                        self._notified_at = report.get("notified_at")
                     self._first_pending_at = time.monotonic()
                     self._cond.wait(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY_S)

@@ -89,6 +89,8 @@ class ReportRequest(BaseModel):
     inflight: int | None = Field(None, ge=0, le=1_000_000_000)
     handoffs: list[Handoff] = Field(default_factory=list, max_length=10_000)
     prekill_done: bool | None = None
+    notified_at: float | None = Field(None, ge=0, le=1e11)
+    """Epoch seconds at which the worker's ``shutdown_event`` was set for this drain."""
 
 
 class AckRequest(BaseModel):

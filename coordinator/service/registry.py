@@ -61,6 +61,8 @@ class Worker:
     prekill_done: bool = False
     connected: int = 0
     """Open event streams."""
+    notified_at: float | None = None
+    """When the worker says its ``shutdown_event`` was set for the current drain."""
     awaiting_report: bool = False
     """Its stream was open when the drain started and it has not reported its in-flight
     count since: until it does (or disconnects, or exits) the migrating phase holds."""
@@ -88,6 +90,7 @@ class Worker:
             "handed_back": self.handed_back,
             "connected": self.connected > 0,
             "awaiting_report": self.awaiting_report,
+            "notified_at": self.notified_at,
             "prekill_done": self.prekill_done,
             "registered_at": self.registered_at,
             "exited_at": self.exited_at,

@@ -394,6 +394,8 @@ class Coordinator:
                 worker.state = WorkerState.DRAINED
         if body.prekill_done:
             worker.prekill_done = True
+        if body.notified_at is not None:
+            worker.notified_at = body.notified_at
         self.bump()
 
     def ack(self, request_ids: list[str]) -> AckResult:
@@ -445,6 +447,7 @@ class Coordinator:
             # A worker that hears of the drain now holds the migrating phase until it has
             # reported; one that never connected cannot report and counts as drained.
             worker.awaiting_report = self.notifier.connected(worker.id) > 0
+            worker.notified_at = None
         self.metrics.drains_started.inc()
         self.bump()
 
