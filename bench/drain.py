@@ -15,9 +15,18 @@ router to pod A; once every stream has 5 tokens, pod A is stopped three ways:
 
 Measured from the drain call (``time.monotonic``, shared by every process on the host):
 every engine's ``shutdown_event`` set (from its end record), every handoff visible on
-``/status`` (a long-poll in this process), pod A empty (every engine process gone), every
-stream complete; tokens lost or duplicated in the clients' streams. Every process this script
-starts is ended by it, by PID.
+``/status`` (seen by a separate observer process, so reading the clients' streams here does
+not delay it), pod A empty (every engine process gone), every stream complete; tokens lost or
+duplicated in the clients' streams.
+
+One drain gives 16 ``shutdown_event`` samples: too few for a p99. ``--push-rounds N`` adds a
+repeated measurement: pod A under a continuous load of R streams (each client starts its next
+stream when one ends), drained and aborted N times, once per event reader of the engines
+(``loop``: the worker client reads its stream on the engine's loop; ``thread``: a reader
+thread). Each round waits until all R streams run on pod A, sends the drain, then collects each
+worker's ``notified_at`` (when its ``shutdown_event`` was set, reported by the worker client)
+and each handoff's first sight by the observer process. Every process this script starts is
+ended by it, by PID.
 """
 
 from __future__ import annotations
@@ -44,6 +53,7 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.handoff_observer import Observer  # noqa: E402
 from coordinator.sim.launcher import EngineHandle, start_engine  # noqa: E402
 from coordinator.sim.tokens import expected_tokens  # noqa: E402
 from router_client import sse  # noqa: E402
@@ -133,15 +143,14 @@ async def _run_mode(janitor: ProcessJanitor, mode: str, args: argparse.Namespace
     await asyncio.wait_for(warm.wait(), 120)
     result = Result(mode)
     # 3. Stop pod A, the mode's way.
-    seen: dict[str, float] = {}
-    watcher = None
     t0 = time.monotonic()
     if mode == "migrate":
         assert coord_a is not None
-        watcher = asyncio.create_task(watch_handoffs(http, coord_a.url, seen))
+        observer = Observer(janitor, coord_a.url)
         sock = socket.create_connection(urlsplit_hostport(coord_a.url))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # The call leaves on a connection opened beforehand: t0 is when its bytes are sent.
+        t0_wall = time.time()
         t0 = time.monotonic()
         sock.sendall(b"GET /drain HTTP/1.1\r\nHost: coordinator\r\nConnection: close\r\n\r\n")
         drain = asyncio.create_task(asyncio.to_thread(read_answer, sock))
@@ -158,9 +167,8 @@ async def _run_mode(janitor: ProcessJanitor, mode: str, args: argparse.Namespace
     result.streams_done_ms = (max(s.done_at or t0 for s in streams) - t0) * 1000
     if mode == "migrate":
         started_at = (await drain)["drain"]["started_at"]
-        assert watcher is not None
-        watcher.cancel()
-        result.handoff_ms = [(at - t0) * 1000 for at in seen.values()]
+        result.handoff_ms = [(at - t0_wall) * 1000
+                             for at in observer.visible_at(0, observer.count)]
         for engine in pod_a:
             times = (engine.record_of(engine.pid) or {}).get("worker_client") or {}
             set_at = times.get("shutdown_event_set_at_monotonic")
@@ -208,19 +216,6 @@ async def one_stream(http: httpx.AsyncClient, router: str, i: int, stream: Strea
                 counter[0] += 1
                 if counter[0] == total:
                     warm.set()
-
-
-async def watch_handoffs(http: httpx.AsyncClient, url: str, seen: dict[str, float]) -> None:
-    """Long-poll ``/status``; note when each request id first shows in ``migrations``."""
-    generation = -1
-    while True:
-        params = {"wait": 10, "since": generation} if generation >= 0 else {}
-        resp = await http.get(f"{url}/status", params=params)
-        status = resp.json()
-        now = time.monotonic()
-        generation = status["generation"]
-        for m in status["migrations"]:
-            seen.setdefault(m["request_id"], now)
 
 
 def urlsplit_hostport(url: str) -> tuple[str, int]:
@@ -297,21 +292,178 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+# --- repeated drains: shutdown_event and handoff visibility percentiles ---------------------
+
+
+@dataclass
+class PushResult:
+    reader: str
+    streams: int
+    rounds: int = 0
+    shutdown_ms: list[float] = field(default_factory=list)
+    """From the drain call to each worker's shutdown_event set (every round)."""
+    push_ms: list[float] = field(default_factory=list)
+    """From the coordinator's drain start to each shutdown_event set."""
+    handoff_ms: list[float] = field(default_factory=list)
+
+
+async def run_push(args: argparse.Namespace, tmp: Path, reader: str, streams: int,
+                   ) -> PushResult:
+    os.environ["WORKER_CLIENT_EVENT_READER"] = reader  # the engines inherit it
+    janitor = ProcessJanitor()
+    try:
+        return await _run_push(janitor, args, tmp / f"push-{reader}-{streams}", reader,
+                               streams)
+    finally:
+        janitor.close()
+        os.environ.pop("WORKER_CLIENT_EVENT_READER", None)
+
+
+async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path,
+                    reader: str, streams: int) -> PushResult:
+    tmp.mkdir(parents=True)  # noqa: ASYNC240 (before anything runs)
+    knobs: dict[str, Any] = {"schedulers": 0, "token_interval_ms": args.token_interval_ms,
+                             "graceful_main": True}
+    # 1. Pod A, pod B, the router; a registered sleeper that reports 1 in flight holds every
+    #    drain in migrating, so DELETE /drain can end each round before any kill.
+    coord_a = start_coordinator(janitor, tmp, *FAST, "--grace-period", "3600", name="a")
+    pod_a = [start_engine(janitor.spawn, tmp / f"a{i}", **knobs, coordinator=coord_a.url)
+             for i in range(args.workers)]
+    coord_b = start_coordinator(janitor, tmp, *FAST, name="b")
+    pod_b = [start_engine(janitor.spawn, tmp / f"b{i}", **knobs) for i in range(2)]
+    holder = janitor.spawn(["sleep", "3600"])
+    with coord_a.client() as client:
+        held = client.post("/workers", json={"pid": holder.pid, "role": "holder"}).json()
+        client.post(f"/workers/{held['id']}/report", json={"inflight": 1})
+    wait_for(lambda: sum(w["connected"] for w in coord_a.status()["workers"]) == args.workers,
+             what="pod A registered", timeout=120)
+    router = start_router(janitor, tmp, pod_a, coord_a, pod_b, coord_b, "continue")
+    observer = Observer(janitor, coord_a.url)
+    # 2. The continuous load.
+    stop = asyncio.Event()
+    http = httpx.AsyncClient(timeout=httpx.Timeout(120.0),
+                             limits=httpx.Limits(max_connections=streams + 16))
+    load = [asyncio.create_task(client_loop(http, router, i, stop, args.push_tokens))
+            for i in range(streams)]
+    result = PushResult(reader, streams)
+    engines = {e.pid for e in pod_a}
+    host, port = urlsplit_hostport(coord_a.url)
+    for _ in range(args.push_rounds):
+        # 3. One round: all R streams on pod A, drain, collect, abort.
+        await wait_streams_on(http, pod_a, streams)
+        before = observer.count
+        sock = socket.create_connection((host, port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        body = b'{"wait": false}'
+        t0 = time.time()
+        sock.sendall(b"POST /drain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                     % (len(body), body))
+        started_at = (await asyncio.to_thread(read_answer, sock))["drain"]["started_at"]
+
+        def notified() -> list[float] | None:
+            workers = [w for w in coord_a.status()["workers"] if w["pid"] in engines]
+            times = [w["notified_at"] for w in workers]
+            return None if None in times else times
+
+        # Read the workers' notified_at only once the push is surely over: polling /status
+        # meanwhile would compete for the CPUs with the very wake-ups being timed.
+        await asyncio.sleep(0.3)
+        times = await asyncio.to_thread(wait_for, notified, what="every worker notified",
+                                        interval=0.05)
+        result.shutdown_ms += [(at - t0) * 1000 for at in times]
+        result.push_ms += [(at - started_at) * 1000 for at in times]
+        def handed_back(before: int = before) -> bool:
+            return observer.count >= before + streams
+
+        await asyncio.to_thread(wait_for, handed_back, what="handoffs seen")
+        result.handoff_ms += [(at - t0) * 1000 for at in observer.visible_at(before, streams)]
+        with coord_a.client() as client:
+            client.delete("/drain").raise_for_status()
+        result.rounds += 1
+    stop.set()
+    await asyncio.gather(*load, return_exceptions=True)
+    await http.aclose()
+    return result
+
+
+async def client_loop(http: httpx.AsyncClient, router: str, i: int, stop: asyncio.Event,
+                      max_tokens: int) -> None:
+    """One client: a stream through the router, then the next, until ``stop``."""
+    n = 0
+    while not stop.is_set():
+        body = {"prompt": f"push {i} {n}", "max_tokens": max_tokens, "stream": True}
+        async with http.stream("POST", f"{router}/v1/completions", json=body,
+                               headers={"X-Request-Id": f"c{i}-{n}"}) as resp:
+            async for _ in resp.aiter_lines():
+                if stop.is_set():
+                    break
+        n += 1
+
+
+async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: int) -> None:
+    """Until the engines of ``pod`` hold ``n`` requests in flight together."""
+    while True:
+        answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
+        if sum(a.json()["inflight"] for a in answers) >= n:
+            return
+        await asyncio.sleep(0.05)
+
+
+def push_report(results: list[PushResult], args: argparse.Namespace) -> str:
+    lines = [f"repeated drains: {args.workers} workers, {args.push_rounds} rounds each, "
+             f"streams of {args.push_tokens} tokens", "",
+             f"{'reader':<8}{'streams':>8}{'samples':>9}  {'shutdown_event set ms':>24}"
+             f"  {'after drain start ms':>22}  {'handoff visible ms':>22}",
+             f"{'':<8}{'':>8}{'':>9}  {'p50 / p99 / max':>24}  {'p50 / p99':>22}"
+             f"  {'p50 / p99 (n)':>22}"]
+    for r in results:
+        hand = (f"{pct(r.handoff_ms, .5):.1f} / {pct(r.handoff_ms, .99):.1f} "
+                f"({len(r.handoff_ms)})" if r.handoff_ms else "-")
+        lines.append(
+            f"{r.reader:<8}{r.streams:>8}{len(r.shutdown_ms):>9}  "
+            f"{pct(r.shutdown_ms, .5):>7.2f} / {pct(r.shutdown_ms, .99):.2f} / "
+            f"{max(r.shutdown_ms or [0]):.2f}  "
+            f"{pct(r.push_ms, .5):>10.2f} / {pct(r.push_ms, .99):.2f}  {hand:>22}")
+    return "\n".join(lines)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--token-interval-ms", type=float, default=50.0)
-    parser.add_argument("--modes", default="migrate,wait,restart")
+    parser.add_argument("--modes", default="migrate,wait,restart",
+                        help="single-drain comparisons to run (empty: none)")
+    parser.add_argument("--push-rounds", type=int, default=0,
+                        help="repeated drain/abort rounds per reader and stream count")
+    parser.add_argument("--push-streams", default="0,16,64",
+                        help="stream counts for the repeated drains")
+    parser.add_argument("--push-readers", default="loop,thread")
+    parser.add_argument("--push-tokens", type=int, default=40)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+
     results = []
+    pushes = []
     with tempfile.TemporaryDirectory(prefix="bench-drain-") as tmp:
-        for mode in args.modes.split(","):
+        for mode in filter(None, args.modes.split(",")):
             results.append(asyncio.run(run_mode(mode, args, Path(tmp))))
             print(f"{mode}: done", file=sys.stderr, flush=True)
-    print(json.dumps([r.__dict__ for r in results]) if args.json else report(results, args))
+        if args.push_rounds:
+            for streams in (int(n) for n in args.push_streams.split(",")):
+                for reader in args.push_readers.split(","):
+                    pushes.append(asyncio.run(run_push(args, Path(tmp), reader, streams)))
+                    print(f"push {reader} x{streams}: done", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps({"drains": [r.__dict__ for r in results],
+                          "repeated": [p.__dict__ for p in pushes]}))
+        return 0
+    if results:
+        print(report(results, args))
+    if pushes:
+        print(("\n" if results else "") + push_report(pushes, args))
     return 0
 
 

@@ -9,6 +9,7 @@ Sets up 16 registered workers whose trees hold 500 processes in all, then measur
 2. long-poll wake-up: 16 ``/status?wait=30&since=G`` pollers, time from the drain's start (its
    ``started_at``, taken by the server when the phase changes) to each poller's first byte
    (its wake-up), and to its whole answer read (wake-up plus moving 16 documents of ~90 KB);
+   the same with ``view=router`` (what routers poll: no process list, a few KB);
 3. drain push: 16 held-open worker event streams, time from the drain's start to each
    stream's ``drain`` line read (timed in other rounds than 2, so the one client core is not
    busy reading status documents meanwhile).
@@ -126,14 +127,15 @@ def request(path: str, host: str, extra: str = "") -> bytes:
     return f"GET {path} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n".encode()
 
 
-async def hammer(url: str, seconds: float, connections: int, etag: bool) -> float:
-    """Requests per second of GET /status over ``connections`` keep-alive sockets."""
+async def hammer(url: str, seconds: float, connections: int, etag: bool,
+                 path: str = "/status") -> float:
+    """Requests per second of GET ``path`` over ``connections`` keep-alive sockets."""
     host, port = url.removeprefix("http://").split(":")
     async with httpx.AsyncClient() as client:
-        first = await client.get(url + "/status")
+        first = await client.get(url + path)
     header = f"If-None-Match: {first.headers['etag']}\r\n" if etag else ""
     expected = 304 if etag else 200
-    raw = request("/status", host, header)
+    raw = request(path, host, header)
     count = 0
     stop_at = time.monotonic() + seconds
 
@@ -153,10 +155,9 @@ async def hammer(url: str, seconds: float, connections: int, etag: bool) -> floa
     return count / (time.monotonic() - started)
 
 
-async def wakeups(url: str, worker_ids: list[str], rounds: int,
-                  ) -> tuple[list[float], list[float], list[float]]:
-    """(long-poll first byte ms, long-poll whole document ms, drain push ms) samples over
-    ``rounds`` drain/abort cycles."""
+async def wakeups(url: str, worker_ids: list[str], rounds: int) -> dict[str, list[float]]:
+    """Samples (ms) over ``rounds`` drain/abort cycles: long-poll first byte and whole answer
+    read, for the full document and for the router view, and the drain push."""
     host, port = url.removeprefix("http://").split(":")
     client = httpx.AsyncClient(base_url=url, timeout=30)
     # Hold the drain in migrating so DELETE /drain can end each round.
@@ -174,9 +175,8 @@ async def wakeups(url: str, worker_ids: list[str], rounds: int,
     payload = b'{"wait": false}'
     drain_request = (f"POST /drain HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json"
                      f"\r\nContent-Length: {len(payload)}\r\n\r\n").encode() + payload
-    poll_ms: list[float] = []
-    read_ms: list[float] = []
-    push_ms: list[float] = []
+    samples: dict[str, list[float]] = {key: [] for key in (
+        "poll_full", "read_full", "poll_router", "read_router", "push")}
 
     async def drain_line(reader: asyncio.StreamReader) -> float:
         while True:
@@ -195,13 +195,14 @@ async def wakeups(url: str, worker_ids: list[str], rounds: int,
         return (woke - started) * 1000, (read - started) * 1000
 
     for round_no in range(rounds):
-        # Even rounds time the pollers, odd rounds the streams: one client core reading
-        # 16 status documents would otherwise delay the stream reads it is timing.
-        timing_polls = round_no % 2 == 0
+        # Rounds take turns: full-document pollers, router-view pollers, the streams; one
+        # client core reading 16 answers would otherwise delay the stream reads it is timing.
+        view = ("full", "router", None)[round_no % 3]
+        timing_polls = view is not None
         generation = (await client.get("/status")).json()["generation"]
         if timing_polls:
             for _, writer in pollers:
-                writer.write(request(f"/status?wait=30&since={generation}", host))
+                writer.write(request(f"/status?view={view}&wait=30&since={generation}", host))
             await asyncio.sleep(0.05)  # let every poller reach the server's wait
         push = [asyncio.ensure_future(drain_line(r)) for r, _ in streams]
         polled = [asyncio.ensure_future(poll(r)) for r, _ in pollers] if timing_polls else []
@@ -210,18 +211,18 @@ async def wakeups(url: str, worker_ids: list[str], rounds: int,
         control_w.write(drain_request)
         if timing_polls:
             for woke, read in await asyncio.gather(*polled):
-                poll_ms.append(woke)
-                read_ms.append(read)
+                samples[f"poll_{view}"].append(woke)
+                samples[f"read_{view}"].append(read)
             await asyncio.gather(*push)
         else:
-            push_ms.extend(await asyncio.gather(*push))
+            samples["push"].extend(await asyncio.gather(*push))
         await read_response(control_r)
         await client.delete("/drain")
         await asyncio.sleep(0.02)
     for _, writer in [*streams, *pollers, (control_r, control_w)]:
         writer.close()
     await client.aclose()
-    return poll_ms, read_ms, push_ms
+    return samples
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -245,11 +246,13 @@ def main() -> int:
             cached, url = start_coordinator(tmp)
             servers.append(cached)
             ids = register_all(url, roots)
-            body = httpx.get(url + "/status").content
-            results["status_bytes"] = len(body)
+            results["status_bytes"] = len(httpx.get(url + "/status").content)
+            results["router_bytes"] = len(httpx.get(url + "/status?view=router").content)
             results["plain"] = asyncio.run(hammer(url, args.seconds, args.connections, False))
             results["etag"] = asyncio.run(hammer(url, args.seconds, args.connections, True))
-            poll_ms, read_ms, push_ms = asyncio.run(wakeups(url, ids, args.rounds))
+            results["router"] = asyncio.run(hammer(url, args.seconds, args.connections, False,
+                                                   "/status?view=router"))
+            samples = asyncio.run(wakeups(url, ids, args.rounds))
             results["rss_mb"] = psutil.Process(cached.pid).memory_info().rss / 2**20
             stop(cached)
             servers.remove(cached)
@@ -262,20 +265,25 @@ def main() -> int:
     finally:
         for proc in [*servers, *roots]:
             stop(proc)
-    print(f"/status document: {results['status_bytes']} bytes, {WORKERS} workers, "
-          f"{PROCESSES} processes; server on CPU {SERVER_CPU}, load on CPU {CLIENT_CPU}")
+    print(f"/status document: {results['status_bytes']} bytes (router view "
+          f"{results['router_bytes']} bytes), {WORKERS} workers, {PROCESSES} processes; "
+          f"server on CPU {SERVER_CPU}, load on CPU {CLIENT_CPU}; load average "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(f"{'measure':<44}{'value':>12}")
     print(f"{'GET /status, cached per generation (req/s)':<44}{results['plain']:>12.0f}")
     print(f"{'GET /status, If-None-Match -> 304 (req/s)':<44}{results['etag']:>12.0f}")
+    print(f"{'GET /status?view=router (req/s)':<44}{results['router']:>12.0f}")
     print(f"{'GET /status, no cache (baseline, req/s)':<44}{results['baseline']:>12.0f}")
     print(f"{'cached / baseline':<44}{results['plain'] / results['baseline']:>11.1f}x")
     print(f"{'304 / baseline':<44}{results['etag'] / results['baseline']:>11.1f}x")
-    for name, samples in (("long-poll wake-up (first byte)", poll_ms),
-                          ("long-poll, whole document read", read_ms),
-                          ("drain push to stream", push_ms)):
-        print(f"{name + ' p50/p99/max ms':<44}"
-              f"{pct(samples, 0.5):>5.2f} / {pct(samples, 0.99):.2f} / {max(samples):.2f}"
-              f"  (n={len(samples)})")
+    for name, key in (("long-poll full, first byte", "poll_full"),
+                      ("long-poll full, whole answer read", "read_full"),
+                      ("long-poll router view, first byte", "poll_router"),
+                      ("long-poll router view, whole answer", "read_router"),
+                      ("drain push to stream", "push")):
+        got = samples[key]
+        print(f"{name + ' p50/p99/max ms':<52}"
+              f"{pct(got, 0.5):>5.2f} / {pct(got, 0.99):.2f} / {max(got):.2f}  (n={len(got)})")
     print(f"{'coordinator RSS (MB)':<44}{results['rss_mb']:>12.1f}")
     return 0
 
