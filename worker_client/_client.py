@@ -20,7 +20,7 @@ from worker_client._events import EventStream, StreamRefused, WorkerUnknown
 from worker_client._raw_http import RawPoster
 from worker_client._registration import Registration, Tier, register
 from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
-from worker_client._tracking import Tracker, TrackScope
+from worker_client._tracking import Ack, Tracker, TrackScope
 from worker_client.errors import CoordinatorRefused, HandedBack
 
 log = logging.getLogger("worker_client")
@@ -67,11 +67,16 @@ class WorkerClient:
         include_tree: bool = True,
         report_window_s: float = DEFAULT_WINDOW_S,
         event_reader: str | None = None,
+        handoff_ack: Ack = "router",
     ) -> None:
         reader = event_reader or os.environ.get(EVENT_READER_ENV) or "loop"
         if reader not in EVENT_READERS:
             raise ValueError(f"event_reader must be one of {EVENT_READERS}, not {reader!r}")
         self.event_reader = reader
+        self.handoff_ack: Ack = handoff_ack
+        """Who acknowledges this worker's handoffs by default: ``router`` (one that reads
+        ``/status``) or ``engine`` (the engine's own router migrates the stream by itself and
+        never acknowledges, as Dynamo's frontend does); ``track(ack=...)`` overrides it."""
         """Where the drain notice is read: on the engine's loop, or in a thread."""
         self.coordinator_url = coordinator_url.rstrip("/") if coordinator_url else None
         self.registration = Registration(
@@ -162,9 +167,12 @@ class WorkerClient:
     def inflight(self) -> int:
         return self._tracker.inflight
 
-    def track(self, request_id: str | None = None) -> TrackScope:
-        """``async with client.track(rid) as req:`` around one request's generation."""
-        return TrackScope(self._tracker, request_id)
+    def track(self, request_id: str | None = None, *, ack: Ack | None = None) -> TrackScope:
+        """``async with client.track(rid) as req:`` around one request's generation.
+
+        ``ack="engine"`` reports its handoff as migrated by the engine's own router: counted,
+        never pending, so the drain does not wait for a router's acknowledgement."""
+        return TrackScope(self._tracker, request_id, ack or self.handoff_ack)
 
     def tracked(
         self, fn: Callable[P, Awaitable[T]], *, id_arg: str = "request_id"
@@ -384,11 +392,11 @@ class WorkerClient:
         if self.draining.is_set():
             self._reporter.inflight(count)
 
-    def _on_handoff(self, request_id: str | None, tokens: int, detail: str) -> None:
+    def _on_handoff(self, request_id: str | None, tokens: int, detail: str, ack: Ack) -> None:
         if request_id is None:
             self.unreported_handoffs += 1
             return
-        self._reporter.handoff(request_id, tokens, detail)
+        self._reporter.handoff(request_id, tokens, detail, ack)
 
     def _post_report(self, report: dict[str, Any]) -> None:
         worker_id = self.worker_id

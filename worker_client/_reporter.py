@@ -51,10 +51,13 @@ class Reporter:
             self._enabled = enabled
             self._cond.notify()
 
-    def handoff(self, request_id: str, tokens: int, detail: str = "") -> None:
+    def handoff(self, request_id: str, tokens: int, detail: str = "",
+                ack: str = "router") -> None:
         item: dict[str, Any] = {"request_id": request_id, "tokens": tokens}
         if detail:
             item["detail"] = detail
+        if ack != "router":
+            item["ack"] = ack
         with self._cond:
             self._handoffs.append(item)
             self._pending()

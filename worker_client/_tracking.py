@@ -16,13 +16,18 @@ import asyncio
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from worker_client.errors import HandedBack
 
 T = TypeVar("T")
 
 HANDOFF_CANCEL_MSG = "worker_client: handed back by a drain"
+
+Ack = Literal["router", "engine"]
+"""Who acknowledges a handoff: a router that reads ``/status`` (``router``, the default), or
+the engine's own router, which migrates the stream by itself and never tells the coordinator
+(``engine``: the handoff is reported already settled)."""
 
 
 class Tracker:
@@ -31,7 +36,7 @@ class Tracker:
     def __init__(
         self,
         on_inflight: Callable[[int], None],
-        on_handoff: Callable[[str | None, int, str], None],
+        on_handoff: Callable[[str | None, int, str, Ack], None],
     ) -> None:
         self.shutting_down = False
         self.inflight = 0
@@ -64,19 +69,22 @@ class Tracker:
             self.inflight -= 1
             inflight = self.inflight
         if request.handed_back:
-            self._on_handoff(request.request_id, request.tokens, request.detail)
+            self._on_handoff(request.request_id, request.tokens, request.detail,
+                             request.ack)
         self._on_inflight(inflight)
 
 
 class Request:
     """One tracked request: its id (settable later), tokens produced, whether handed back."""
 
-    def __init__(self, tracker: Tracker, request_id: str | None) -> None:
+    def __init__(self, tracker: Tracker, request_id: str | None, ack: Ack = "router") -> None:
         self.request_id = request_id
         self.tokens = 0
         """Items produced so far (``stream`` counts them; ``run`` callers may set it)."""
         self.handed_back = False
         self.detail = ""
+        self.ack: Ack = ack
+        """Who will acknowledge the handoff (see ``Ack``)."""
         self._tracker = tracker
         self._task: asyncio.Task[Any] | None = None
         self._waiting = False
@@ -87,10 +95,13 @@ class Request:
         """True once a drain started (for engines that check between steps themselves)."""
         return self._tracker.shutting_down
 
-    def hand_back(self, detail: str = "") -> None:
-        """Mark the request handed back (for generations ended by the engine's own check)."""
+    def hand_back(self, detail: str = "", *, ack: Ack | None = None) -> None:
+        """Mark the request handed back (for generations ended by the engine's own check);
+        ``ack`` overrides who acknowledges it."""
         self.handed_back = True
         self.detail = detail
+        if ack is not None:
+            self.ack = ack
 
     async def stream(self, source: AsyncIterable[T]) -> AsyncIterator[T]:
         """Yield ``source``'s items until it ends or a drain hands the request back."""
@@ -156,9 +167,9 @@ class TrackScope:
     the handoff is reported when the block ends.
     """
 
-    def __init__(self, tracker: Tracker, request_id: str | None) -> None:
+    def __init__(self, tracker: Tracker, request_id: str | None, ack: Ack = "router") -> None:
         self._tracker = tracker
-        self.request = Request(tracker, request_id)
+        self.request = Request(tracker, request_id, ack)
 
     async def __aenter__(self) -> Request:
         self._tracker.enter(self.request)

@@ -8,6 +8,12 @@ before the worker's batched report reaches the coordinator. Such an early acknow
 remembered (a bounded number of ids, until the drain ends) and applied when the handoff
 arrives: the handoff is then counted handed back and acknowledged at once, never listed as
 pending, and the router has nothing to retry.
+
+Some engines sit behind a router of their own that migrates a stream by itself and never
+talks to the coordinator (Dynamo's frontend re-issues a stream that ends without its final
+frame). Their workers report such a handoff as ``"ack": "engine"``: it is counted handed back
+and acknowledged at once (the engine's report is its acknowledgement), never listed as
+pending, so the migrating phase does not wait for an acknowledgement that will never come.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ RESOLVED_KEPT = 10_000
 """Acknowledged or expired ids remembered, so a repeated ack answers ``unknown`` instead of
 being taken for an early one."""
 
-Added = Literal["listed", "acked"]
+Added = Literal["listed", "acked", "engine"]
 
 
 @dataclass
@@ -65,14 +71,23 @@ class MigrationBook:
         self.handed_back = 0
         self.acked = 0
         self.expired = 0
+        self.engine = 0
+        """Of ``acked``: handoffs the engine's own router migrated (never pending)."""
 
     def add(self, worker: str, worker_url: str | None, request_id: str, tokens: int,
-            detail: Any = None) -> Added | None:
+            detail: Any = None, *, engine_migrated: bool = False) -> Added | None:
         """Record a handoff: ``listed`` (pending), ``acked`` (an early ack settled it at
-        once), or None when the same request was already pending."""
+        once), ``engine`` (the engine's own router migrated it), or None when the same
+        request was already pending."""
         if request_id in self.pending:
             return None
         self.handed_back += 1
+        if engine_migrated:
+            self.early.pop(request_id, None)
+            self.engine += 1
+            self.acked += 1
+            self._resolve(request_id)
+            return "engine"
         if self.early.pop(request_id, None) is not None:
             self.acked += 1
             self._resolve(request_id)
@@ -126,7 +141,8 @@ class MigrationBook:
                 "early_acks": len(self.early)}
 
     def to_record(self) -> dict[str, Any]:
-        return {**self.counts(), "pending": [m.to_dict() for m in self.pending.values()],
+        return {**self.counts(), "engine": self.engine,
+                "pending": [m.to_dict() for m in self.pending.values()],
                 "early": list(self.early.items())}
 
     def restore(self, data: dict[str, Any]) -> None:
@@ -138,3 +154,4 @@ class MigrationBook:
         self.handed_back = int(data.get("handed_back", 0))
         self.acked = int(data.get("acked", 0))
         self.expired = int(data.get("expired", 0))
+        self.engine = int(data.get("engine", 0))

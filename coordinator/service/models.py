@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -81,6 +81,9 @@ class Handoff(BaseModel):
     request_id: RequestId
     tokens: int = Field(0, ge=0, le=1_000_000_000)
     detail: str | dict[str, Any] | None = None
+    ack: Literal["router", "engine"] = "router"
+    """``engine``: the engine's own router already migrated the request and will never
+    acknowledge it here, so it is counted but never pending."""
 
 
 class ReportRequest(BaseModel):

@@ -381,12 +381,13 @@ class Coordinator:
         """A worker's in-flight count, handoffs and pre-kill confirmation."""
         for handoff in body.handoffs:
             added = self.migrations.add(worker.id, worker.url, handoff.request_id,
-                                        handoff.tokens, handoff.detail)
+                                        handoff.tokens, handoff.detail,
+                                        engine_migrated=handoff.ack == "engine")
             if added is not None:
                 worker.handed_back += 1
                 self.metrics.migrations.labels("handed_back").inc()
-            if added == "acked":
-                self.metrics.migrations.labels("acked").inc()
+            if added in ("acked", "engine"):
+                self.metrics.migrations.labels(added).inc()
         if body.inflight is not None:
             worker.inflight = body.inflight
             worker.awaiting_report = False

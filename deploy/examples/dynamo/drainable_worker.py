@@ -10,7 +10,10 @@ requests to stop *before* the kubelet kills it. This worker adds that with ``wor
 2. each request's generation runs inside ``client.track(request_id)``; when a drain starts
    (``shutdown_event``), the generation is interrupted between two tokens, the engine's work
    is aborted, and the handler raises Dynamo's ``EngineShutdown``: the frontend sees the
-   stream end without a final frame and migrates the request;
+   stream end without a final frame and migrates the request. The frontend never
+   acknowledges to the coordinator, so the client is built with ``handoff_ack="engine"``:
+   each handoff is reported as already migrated, and the drain's migrating phase ends as
+   soon as the worker holds nothing, instead of at its deadline;
 3. at the same moment the worker withdraws its endpoint from discovery, so the frontend stops
    routing new requests to it (one that still arrives is handed back at once, the same way);
 4. the coordinator then terminates the worker (SIGTERM) and Dynamo's own shutdown runs as
@@ -55,6 +58,8 @@ class DrainableEngine(LLMEngine):
         self.client = WorkerClient(
             args.coordinator, role="dynamo-worker", name=f"dynamo-worker-{os.getpid()}",
             token=_read_token(args.coordinator_token_file),
+            # Dynamo's frontend migrates the stream itself and acknowledges nothing here.
+            handoff_ack="engine",
         )
         self._endpoint: Any = None
         self._withdrawn = False
