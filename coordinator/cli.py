@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from coordinator import __version__, exit_codes, kill_command
+from coordinator.kill.policy import TierSpec
+from coordinator.kill.tier_text import TierSyntaxError, parse_tier
 from coordinator.settings import DEFAULT_URL, ENV_PREFIX
 
 RECONNECT_S = 15.0
@@ -53,6 +55,13 @@ def _env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
 
+def _tier_arg(text: str) -> TierSpec:
+    try:
+        return parse_tier(text)
+    except TierSyntaxError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     parser = argparse.ArgumentParser(
@@ -71,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--adopt-pattern", dest="adopt_patterns", action="append", default=None,
                        metavar="REGEX", help="adopt trees whose command line matches "
                        f"(repeatable) [env {_env_name('adopt_patterns')}]")
+    serve.add_argument("--adopt-tier", dest="adopt_tiers", type=_tier_arg, action="append",
+                       default=None, metavar="NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]",
+                       help="kill tier for adopted trees, in order (repeatable); 'root' lets "
+                       f"it hold the adopted root itself [env {_env_name('adopt_tiers')}]")
     serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
                        const=False, default=None, help=argparse.SUPPRESS)
 
@@ -130,7 +143,7 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     given = {field: getattr(args, field) for _, field, _, _ in _SERVE_FLAGS}
     given.update(adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
-                 status_cache=args.status_cache)
+                 adopt_tiers=args.adopt_tiers, status_cache=args.status_cache)
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
         settings.resolved_token()

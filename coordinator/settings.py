@@ -2,7 +2,8 @@
 
 Every field reads ``SHUTDOWN_COORDINATOR_<FIELD>`` (upper case); a command-line flag given to
 ``serve`` wins over the environment. Lists (``ADOPT_PIDS``, ``ADOPT_PATTERNS``) accept a JSON
-list or a comma-separated string.
+list or a comma-separated string; ``ADOPT_TIERS`` a JSON list or one tier per line (regular
+expressions may hold commas).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from coordinator.kill.policy import TierSpec
+from coordinator.kill.tier_text import parse_tiers
 
 ENV_PREFIX = "SHUTDOWN_COORDINATOR_"
 DEFAULT_PORT = 8787
@@ -80,6 +84,10 @@ class Settings(BaseSettings):
     adopt_patterns: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Regular expressions searched in command lines; matching trees are adopted, and
     re-discovered when the kill starts (an engine may have restarted since)."""
+    adopt_tiers: Annotated[list[TierSpec], NoDecode] = Field(default_factory=list)
+    """Kill tiers for adopted trees, ``NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]`` each (see
+    ``coordinator.kill.tier_text``): matching processes are signalled in this order before
+    the default deepest-first order; ``root`` lets a tier hold the adopted root itself."""
     confine_to_pid: int | None = Field(None, ge=1)
     """Hardening: only register or adopt processes descending from this PID (or the PID
     itself). Unset: any process the coordinator may see, except the refused ones."""
@@ -104,6 +112,11 @@ class Settings(BaseSettings):
     @classmethod
     def _lists_from_env(cls, value: Any) -> Any:
         return _split_list(value)
+
+    @field_validator("adopt_tiers", mode="before")
+    @classmethod
+    def _tiers_from_text(cls, value: Any) -> Any:
+        return parse_tiers(value) if value is not None else []
 
     @field_validator("adopt_patterns")
     @classmethod

@@ -20,7 +20,8 @@ class TierSpec:
     A process belongs to the first tier whose ``roles`` contains its role or whose
     ``pattern`` (a regular expression, searched in ``name + " " + cmdline``) matches it.
     Tiers run in the order given; processes matched by no tier are handled by the
-    default order (deepest first) before the root, and the root always ends last.
+    default order (deepest first) before the root, and the root ends last unless a tier with
+    ``include_root`` matches it.
     """
 
     name: str
@@ -28,6 +29,10 @@ class TierSpec:
     roles: tuple[str, ...] = ()
     signal: int = signal.SIGTERM
     timeout_s: float = DEFAULT_TIER_TIMEOUT_S
+    include_root: bool = False
+    """Opt-in: a root this tier matches is signalled in this tier's place instead of last.
+    For engines whose main process stops its own children best (SGLang's
+    ``graceful_kill_process_tree``)."""
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ Order of a plan:
    parent never dies before its ``PR_SET_PDEATHSIG`` children finished their cleanup;
 3. the roots (``roots``), last, so the registered main process can exit 0.
 
-A root never joins a declared tier's place in the order, but a declared tier that matches it
-lends it its signal and timeout.
+A root joins a declared tier's place in the order only when that tier opts in
+(``include_root``); otherwise a declared tier that matches it lends it its signal and timeout
+and it still ends last.
 """
 
 from __future__ import annotations
@@ -110,7 +111,9 @@ def plan_tiers(
 
     for member in members:
         spec = match_tier(member, specs_by_root.get(member.root_pid, ()))
-        if member.is_root:
+        if member.is_root and spec is not None and spec.include_root:
+            declared[spec.name].append((member.pid, spec.signal))
+        elif member.is_root:
             sig = spec.signal if spec else default_signal
             timeout = spec.timeout_s if spec else default_timeout_s
             roots.append((member.pid, sig))

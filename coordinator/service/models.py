@@ -25,6 +25,9 @@ class DrainRequest(BaseModel):
     deadline_s: Seconds | None = None
     """A shorter budget for this drain; it can never lengthen the configured one."""
     reason: str = Field("requested", min_length=1, max_length=200)
+    force: bool = False
+    """Skip migration and SIGKILL every process at once; joining a running drain escalates it
+    (see docs/service.md)."""
 
 
 class TierRequest(BaseModel):
@@ -38,6 +41,9 @@ class TierRequest(BaseModel):
                                                              max_length=32)
     signal: str = Field("SIGTERM", max_length=16)
     timeout_s: Seconds | None = None
+    include_root: bool = False
+    """Signal the registered root in this tier's place (when the tier matches it) instead of
+    last."""
 
     @field_validator("pattern")
     @classmethod

@@ -49,7 +49,8 @@ def process_entry(o: ProcessOutcome) -> dict[str, Any]:
     return {"pid": o.pid, "name": o.name, "role": o.role, "root_pid": o.root_pid,
             "parent_pid": o.parent_pid, "depth": o.depth, "fate": o.fate.value,
             "exit_code": o.exit_code, "signal": o.signal, "tier": o.tier,
-            "elapsed_ms": o.elapsed_ms, "detail": o.detail}
+            "elapsed_ms": o.elapsed_ms, "detail": o.detail,
+            "signalled_at": o.signalled_at, "killed_at": o.killed_at, "ended_at": o.ended_at}
 
 
 class Coordinator:
@@ -354,7 +355,7 @@ class Coordinator:
         tiers = tuple(
             TierSpec(
                 name=t.name, pattern=t.pattern, roles=tuple(t.roles),
-                signal=int(signal.Signals[t.signal]),
+                signal=int(signal.Signals[t.signal]), include_root=t.include_root,
                 **({"timeout_s": t.timeout_s} if t.timeout_s is not None else {}),
             )
             for t in body.tiers
@@ -486,7 +487,9 @@ class Coordinator:
         targets = [w.target() for w in self.registry.alive()]
         registered = {t.pid for t in targets}
         self.adopted = adoption.discover(self.rules, exclude=registered)
-        targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted")
+        adopted_tiers = tuple(self.settings.adopt_tiers)
+        targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted",
+                              tiers=adopted_tiers)
                        for f in self.adopted)
         # Descendants of workers whose root already exited may have been re-parented away
         # from their tree: take the last known ones by identity (gone ones are reported gone).

@@ -126,3 +126,20 @@ def test_confirm_reserve_and_wait() -> None:
     assert confirm_wait_s(now=0, deadline_at=30, confirm_s=2) == 2
     assert confirm_wait_s(now=29.5, deadline_at=30, confirm_s=2) == 0.5
     assert confirm_wait_s(now=31, deadline_at=30, confirm_s=2) == 0
+
+
+def test_a_tier_that_opts_in_holds_the_root_in_its_place() -> None:
+    specs = {100: (TierSpec("main", pattern="launch_server", include_root=True, timeout_s=30),
+                   TierSpec("schedulers", pattern="scheduler", timeout_s=5))}
+    tiers = plan([member(100, 0, cmd="-m sglang.launch_server"),
+                  member(101, 1, cmd="sglang::scheduler"), member(102, 1)], specs)
+    assert [(t.name, t.pids, t.timeout_s) for t in tiers] == [
+        ("main", (100,), 30), ("schedulers", (101,), 5), ("depth-1", (102,), 10)]
+
+
+def test_include_root_does_not_move_a_root_the_tier_does_not_match() -> None:
+    specs = {100: (TierSpec("main", pattern="launch_server", include_root=True),),
+             200: (TierSpec("main", pattern="launch_server", include_root=True),)}
+    tiers = plan([member(100, 0, cmd="launch_server"), member(200, 0, root=200, cmd="other"),
+                  member(201, 1, root=200, cmd="launch_server")], specs)
+    assert [(t.name, t.pids) for t in tiers] == [("main", (100, 201)), (ROOTS_TIER, (200,))]
