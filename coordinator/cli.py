@@ -14,12 +14,15 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from coordinator import __version__, exit_codes, kill_command
 from coordinator.kill.policy import TierSpec
 from coordinator.kill.tier_text import TierSyntaxError, parse_tier
 from coordinator.settings import DEFAULT_URL, ENV_PREFIX
+
+if TYPE_CHECKING:
+    from coordinator.service.client import CoordinatorClient
 
 RECONNECT_S = 15.0
 """How long ``drain`` keeps retrying a coordinator that went away (it may be restarting)."""
@@ -102,6 +105,9 @@ def build_parser() -> argparse.ArgumentParser:
     drain.add_argument("--deadline", type=float, default=None, metavar="S",
                        help="a shorter budget for this drain, in seconds")
     drain.add_argument("--quiet", action="store_true", help="no progress lines")
+    drain.add_argument("--force", action="store_true",
+                       help="skip migration and SIGKILL every process at once; escalates a "
+                       "drain that is already running")
 
     status = sub.add_parser("status", help="print the coordinator's state")
     client_flags(status)
@@ -198,13 +204,22 @@ def _status(args: argparse.Namespace) -> int:
     return exit_codes.OK
 
 
+def _start_drain(client: CoordinatorClient, args: argparse.Namespace) -> dict[str, Any]:
+    if not args.force:
+        return client.start_drain(args.reason, args.deadline)
+    body: dict[str, Any] = {"wait": False, "reason": args.reason, "force": True}
+    if args.deadline is not None:
+        body["deadline_s"] = args.deadline
+    return client._call("POST", "/drain", json=body)
+
+
 @_client_errors
 def _drain(args: argparse.Namespace) -> int:
     from coordinator.service.client import ClientError, CoordinatorClient
     from coordinator.service.render import progress_line, status_text
 
     with CoordinatorClient(args.url, _token(args)) as client:
-        started = client.start_drain(args.reason, args.deadline)
+        started = _start_drain(client, args)
         since = int(started["generation"]) - 1
         document: dict[str, Any] | None = None
         lost_at: float | None = None

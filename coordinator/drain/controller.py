@@ -13,6 +13,13 @@
                     run as ``prior`` so no process is signalled twice.
     4. done         the summary is final; every later ``GET /drain`` answers it.
 
+A force drain (``start(force=True)``) passes through the same phases without waiting in any:
+no minimum drain, no migration, no pre-kill wait, and a kill in force mode (SIGKILL to every
+process at once). A force request that joins a running graceful drain escalates it: in
+``draining`` or ``migrating`` the wait ends at once and the force kill follows; while the
+pre-kill hooks are awaited the wait ends; while the graceful kill runs, the kill is escalated
+(every process not yet ended is SIGKILLed now). A drain that is done stays as it was.
+
 Concurrent and repeated ``start()`` calls join the running drain. ``abort()`` returns to
 ``serving`` before ``terminating`` and raises ``DrainConflict`` after. The controller knows the
 workers only through the small ``Fleet`` protocol, and the kill engine only through ``KillFn``.
@@ -105,6 +112,8 @@ class DrainRecord:
     kill: dict[str, Any] | None = None
     """The kill report's header (mode, exit detection, notes), once the kill ran."""
     outcomes: dict[OutcomeKey, ProcessOutcome] = field(default_factory=dict)
+    force: bool = False
+    """An operator asked for a force drain (from the start, or by escalation)."""
 
     def to_status(self) -> dict[str, Any]:
         return {
@@ -118,6 +127,7 @@ class DrainRecord:
             "termination_s": self.split.termination_s,
             "outcome": self.outcome,
             "ended_at": self.ended_at,
+            "force": self.force,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -138,6 +148,7 @@ class DrainRecord:
             deadlines=anchor(split, float(data["started_at"])),
             outcome=data.get("outcome"), ended_at=data.get("ended_at"), kill=data.get("kill"),
             outcomes={(o.pid, o.start_time): o for o in outcomes},
+            force=bool(data.get("force", False)),
         )
 
 
@@ -180,6 +191,8 @@ class DrainController:
         self._task: asyncio.Task[None] | None = None
         self._finished = asyncio.Event()
         self._expiry: asyncio.TimerHandle | None = None
+        self._killing = False
+        self._escalation: asyncio.Task[KillReport] | None = None
 
     @property
     def phase(self) -> Phase:
@@ -192,9 +205,15 @@ class DrainController:
 
     # --- the operations ------------------------------------------------------------------
 
-    def start(self, reason: str, deadline_s: float | None = None) -> tuple[DrainRecord, bool]:
-        """Start a drain, or join the one running (or done); returns (drain, joined)."""
+    def start(self, reason: str, deadline_s: float | None = None, *,
+              force: bool = False) -> tuple[DrainRecord, bool]:
+        """Start a drain, or join the one running (or done); returns (drain, joined).
+
+        ``force`` skips every wait and kills with SIGKILL; joining a running drain with it
+        escalates that drain (see the module docstring)."""
         if self.drain is not None and self.phase is not Phase.SERVING:
+            if force and self.running and not self.drain.force:
+                self._escalate(self.drain)
             return self.drain, True
         split = split_budget(
             effective_budget(self.config.budget_s, deadline_s),
@@ -203,7 +222,8 @@ class DrainController:
             termination_share=self.config.termination_share,
             min_drain_s=self.config.min_drain_s,
         )
-        drain = DrainRecord(reason=reason, split=split, deadlines=anchor(split, self.clock()))
+        drain = DrainRecord(reason=reason, split=split, deadlines=anchor(split, self.clock()),
+                            force=force)
         self.drain = drain
         self._finished = asyncio.Event()
         # Readiness and the workers' push must not wait for anything: transition first,
@@ -215,6 +235,17 @@ class DrainController:
         log.info("drain started (%s): budget %.1fs, migration %.1fs, termination %.1fs",
                  reason, split.total_s, split.migration_s, split.termination_s)
         return drain, False
+
+    def _escalate(self, drain: DrainRecord) -> None:
+        drain.force = True
+        log.warning("drain escalated to force in %s", self.phase)
+        self.machine.bump()
+        self.fleet.persist()
+        self.changes.notify()  # ends the wait of draining, migrating or the pre-kill hooks
+        if self._killing:
+            # A call joining the running kill with a force policy escalates it.
+            self._escalation = asyncio.ensure_future(
+                self.kill([], self._policy(drain), on_update=self._record_outcome, prior=None))
 
     def abort(self) -> DrainRecord:
         """Return to ``serving``; ``DrainConflict`` once terminating (or when not draining)."""
@@ -278,13 +309,14 @@ class DrainController:
         try:
             # 1. draining: stay at least min_drain.
             if self.phase is Phase.DRAINING:
-                await self._wait_until(deadlines.min_drain_until, lambda: False)
+                await self._wait_until(deadlines.min_drain_until, lambda: drain.force)
                 self.machine.advance(Phase.MIGRATING)
                 self.fleet.persist()
             # 2. migrating: until every worker is drained and every handoff acknowledged.
             if self.phase is Phase.MIGRATING:
-                await self._wait_until(deadlines.migration_deadline_at,
-                                       self.fleet.migration_settled)
+                await self._wait_until(
+                    deadlines.migration_deadline_at,
+                    lambda: drain.force or self.fleet.migration_settled())
                 self.machine.advance(Phase.TERMINATING)
             # 3. terminating: on disk first, then pre-kill hooks, then the kill.
             if self.phase is Phase.TERMINATING:
@@ -292,8 +324,9 @@ class DrainController:
                 waiting_for = self.fleet.terminating(drain)
                 prekill_until = min(self.clock() + self.config.prekill_timeout_s,
                                     deadlines.deadline_at)
-                await self._wait_until(prekill_until,
-                                       lambda: self.fleet.prekill_settled(waiting_for))
+                await self._wait_until(
+                    prekill_until,
+                    lambda: drain.force or self.fleet.prekill_settled(waiting_for))
                 report = await self._kill(drain)
                 for process in report.processes:
                     drain.outcomes[(process.pid, process.start_time)] = process
@@ -323,21 +356,29 @@ class DrainController:
     async def _kill(self, drain: DrainRecord) -> KillReport:
         targets = self.fleet.kill_targets()
         prior = dict(drain.outcomes) or None
-        while True:
-            left = remaining(drain.deadlines.deadline_at, self.clock())
-            policy = KillPolicy(
-                signal=self.config.kill_signal,
-                tier_timeout_s=self.config.tier_timeout_s,
-                deadline_s=max(0.1, left - self.config.confirm_s),
-                confirm_s=self.config.confirm_s,
-            )
-            try:
-                return await self.kill(targets, policy, on_update=self._record_outcome,
-                                       prior=prior)
-            except RefusedTarget as exc:
-                # Registration vetted every root; one that became protected since is dropped.
-                log.error("kill refused %s; dropping that target", exc)
-                targets = [t for t in targets if t.pid != exc.pid]
+        self._killing = True
+        try:
+            while True:
+                try:
+                    return await self.kill(targets, self._policy(drain),
+                                           on_update=self._record_outcome, prior=prior)
+                except RefusedTarget as exc:
+                    # Registration vetted every root; one that became protected since is
+                    # dropped.
+                    log.error("kill refused %s; dropping that target", exc)
+                    targets = [t for t in targets if t.pid != exc.pid]
+        finally:
+            self._killing = False
+
+    def _policy(self, drain: DrainRecord) -> KillPolicy:
+        left = remaining(drain.deadlines.deadline_at, self.clock())
+        return KillPolicy(
+            signal=self.config.kill_signal,
+            tier_timeout_s=self.config.tier_timeout_s,
+            deadline_s=max(0.1, left - self.config.confirm_s),
+            confirm_s=self.config.confirm_s,
+            force=drain.force,
+        )
 
     def _record_outcome(self, outcome: ProcessOutcome) -> None:
         if self.drain is not None:

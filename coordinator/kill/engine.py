@@ -10,7 +10,9 @@
    left unsignalled and no new PID appears.
 8. Report each process's fate: late exit codes, survivors, pidfds closed.
 
-Force mode replaces 4-6 with SIGKILL for everything found.
+Force mode replaces 4-6 with SIGKILL for everything found. A running graceful kill can be
+escalated to force mode (``KillRun.escalate``, or a force call joining a ``Terminator``): the
+tier being waited on is SIGKILLed at once and every later sweep is in force mode.
 """
 
 from __future__ import annotations
@@ -55,11 +57,13 @@ class Terminator:
     """Runs one kill at a time: a call made while a kill runs joins it and gets its report.
 
     The joining call's own arguments are ignored: the kubelet's hooks and an operator's
-    retry are at-least-once calls for the same kill.
+    retry are at-least-once calls for the same kill. One exception: a joining call whose
+    policy is in force mode escalates the running kill to force mode.
     """
 
     def __init__(self) -> None:
         self._task: asyncio.Task[KillReport] | None = None
+        self._run: KillRun | None = None
 
     @property
     def running(self) -> bool:
@@ -75,8 +79,10 @@ class Terminator:
     ) -> KillReport:
         """Start a kill, or join the one in progress."""
         if not self.running:
-            coro = terminate(targets, policy, on_update=on_update, prior=prior)
-            self._task = asyncio.ensure_future(coro)
+            self._run = KillRun(list(targets), policy or KillPolicy(), on_update, prior)
+            self._task = asyncio.ensure_future(self._run.run())
+        elif policy is not None and policy.force and self._run is not None:
+            self._run.escalate()
         assert self._task is not None
         # One caller being cancelled must not cancel the kill the others wait on.
         return await asyncio.shield(self._task)
@@ -116,8 +122,19 @@ class KillRun:
             self.report.exit_codes_from = "waitid"
             why = support.detail or "disabled"
             self.report.notes.append(f"pidfds unavailable ({why}): exits found by polling /proc")
+        self.force = policy.force
+        self._escalated = asyncio.Event()
         self.deadline_at = time.monotonic() + policy.deadline_s
         self.reserve_s = tiers.confirm_reserve(policy.deadline_s, policy.confirm_s)
+
+    def escalate(self) -> None:
+        """Switch to force mode now: what is waited on and everything after gets SIGKILL."""
+        if self.force:
+            return
+        self.force = True
+        self.report.mode = "force"
+        self.report.notes.append("escalated to force mode while running: SIGKILL at once")
+        self._escalated.set()
 
     async def run(self) -> KillReport:
         # Step 1: refuse protected targets before anything is signalled.
@@ -157,7 +174,7 @@ class KillRun:
                 if not self.table.discover():
                     return
                 continue
-            if self.policy.force:
+            if self.force:
                 await self._kill(pending, "force", "force mode: SIGKILL only")
             elif time.monotonic() >= self.deadline_at:
                 sweeps_past_deadline += 1
@@ -194,13 +211,31 @@ class KillRun:
         # Step 5: signal, then wait on exit events.
         for t, (_, sig) in zip(members, tier.signals, strict=True):
             self.table.signal_graceful(t, sig, tier.name)
-        if await self.watcher.wait(set(tier.pids), wait_s):
+        if await self._wait_unless_escalated(set(tier.pids), wait_s):
             return
         # Step 6: SIGKILL stragglers, confirm.
         stragglers = [t for t in members if not t.exited]
         sig_name = signal.Signals(tier.signals[0][1]).name
         why = f"still running {wait_s:.3g}s after {sig_name}"
+        if self.force:
+            why = f"force mode after {sig_name}: SIGKILL at once"
         await self._kill(stragglers, tier.name, why)
+
+    async def _wait_unless_escalated(self, pids: set[int], timeout_s: float) -> bool:
+        """``watcher.wait``, cut short (False) when the run is escalated to force mode."""
+        if self.force:
+            return await self.watcher.wait(pids, 0)
+        exits = asyncio.ensure_future(self.watcher.wait(pids, timeout_s))
+        escalated = asyncio.ensure_future(self._escalated.wait())
+        try:
+            await asyncio.wait((exits, escalated), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            escalated.cancel()
+        if not exits.done():
+            exits.cancel()
+            await asyncio.gather(exits, return_exceptions=True)
+            return False
+        return exits.result()
 
     async def _kill(self, members: Sequence[Tracked], tier: str, why: str) -> None:
         for t in members:

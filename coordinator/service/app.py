@@ -106,8 +106,8 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     # --- the drain -------------------------------------------------------------------------
 
     async def start_and_maybe_wait(reason: str, deadline_s: float | None,
-                                   wait: bool) -> Response:
-        drain, joined = coordinator.controller.start(reason, deadline_s)
+                                   wait: bool, force: bool = False) -> Response:
+        drain, joined = coordinator.controller.start(reason, deadline_s, force=force)
         if not wait:
             return JSONResponse(
                 {"phase": coordinator.machine.phase.value,
@@ -130,9 +130,11 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     @api.post("/drain", status_code=200, responses={202: {"description": "started"}})
     async def drain_post(body: Annotated[DrainRequest | None, Body()] = None) -> Response:
-        """Start or join the drain; ``wait=false`` answers 202 at once."""
+        """Start or join the drain; ``wait=false`` answers 202 at once. ``force`` skips
+        migration and SIGKILLs every process; joining a running drain it escalates it."""
         request = body or DrainRequest()
-        return await start_and_maybe_wait(request.reason, request.deadline_s, request.wait)
+        return await start_and_maybe_wait(request.reason, request.deadline_s, request.wait,
+                                          request.force)
 
     @api.delete("/drain", responses={409: {"description": "too late to abort"}})
     async def drain_delete() -> dict[str, Any]:
