@@ -53,4 +53,33 @@ SIGKILLs the whole tree. A modified SGLang stands the watchdog down and asks its
 release their resources and exit in a pre-kill hook (deploy/examples/sglang), which these
 tiers then find exiting or gone. See docs/engines.md."""
 
+SGLANG_ROOT_FIRST_TIERS: list[dict[str, Any]] = [
+    {"name": "main", "pattern": r"sglang\.launch_server", "timeout_s": 30,
+     "include_root": True},
+]
+"""For an unmodified SGLang adopted by pattern: SIGTERM its main process first; its own
+``graceful_kill_process_tree`` stops the children, so its watchdog never sees one die."""
+
 ENGINE_TIERS: dict[str, list[dict[str, Any]]] = {"vllm": VLLM_TIERS, "sglang": SGLANG_TIERS}
+
+ADOPT_TIERS: dict[str, list[dict[str, Any]]] = {
+    "vllm": VLLM_TIERS, "sglang": SGLANG_ROOT_FIRST_TIERS}
+"""The tiers to give ``serve --adopt-tier`` for an engine adopted by pattern."""
+
+
+def adopt_tier_flags(engine: str) -> list[str]:
+    """``--adopt-tier`` arguments for ``engine`` (``NAME=REGEX:TIMEOUT_S[:root]`` each)."""
+    flags: list[str] = []
+    for tier in ADOPT_TIERS[engine]:
+        text = f"{tier['name']}={tier['pattern']}:{tier.get('timeout_s', 10)}"
+        if tier.get("include_root"):
+            text += ":root"
+        flags += ["--adopt-tier", text]
+    return flags
+
+
+if __name__ == "__main__":
+    import shlex
+    import sys
+
+    print(shlex.join(adopt_tier_flags(sys.argv[1] if len(sys.argv) > 1 else "vllm")))
