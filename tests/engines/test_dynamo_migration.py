@@ -110,10 +110,7 @@ def start_worker(
     home.mkdir()
     coordinator = start_coordinator(janitor, home, "--grace-period", "40",
                                     "--safety-margin", "2", "--tier-timeout", "15",
-                                    "--scan-interval", "0.5",
-                                    # The worker's first in-flight report must arrive before
-                                    # the migrating phase is judged.
-                                    "--min-drain", "1")
+                                    "--scan-interval", "0.5")
     log = home / "worker.log"
     proc = spawn_logged(
         janitor,

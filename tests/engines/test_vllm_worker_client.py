@@ -79,9 +79,6 @@ def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
     coordinator = start_coordinator(
         janitor, tmp_path, "--grace-period", "90", "--safety-margin", "5",
         "--tier-timeout", "20", "--scan-interval", "0.5",
-        # A worker reports its in-flight count only once the drain reached it; the migrating
-        # phase must not be judged before that first report arrives.
-        "--min-drain", "1",
     )
     vllm = start_vllm(janitor, tmp_path, tiny_model, max_model_len=16384,
                       argv=[str(SERVER), "--coordinator", coordinator.url])
