@@ -305,18 +305,48 @@ class PushResult:
     push_ms: list[float] = field(default_factory=list)
     """From the coordinator's drain start to each shutdown_event set."""
     handoff_ms: list[float] = field(default_factory=list)
+    received_ms: list[float] = field(default_factory=list)
+    """From the coordinator's drain start to the drain line read off each worker's socket."""
+    hop_ms: list[float] = field(default_factory=list)
+    """From the line read to shutdown_event set (same process)."""
+    written_ms: list[float] = field(default_factory=list)
+    """From the coordinator's drain start to the line handed to each stream's transport."""
+    written_to_set_ms: list[float] = field(default_factory=list)
+    """From that write to the worker's shutdown_event set."""
+    call_to_start_ms: list[float] = field(default_factory=list)
+    """From the drain call to the coordinator's drain start (one per round)."""
+    sources: dict[str, int] = field(default_factory=dict)
+    """How the workers learnt of each drain: push (the drain line), hello (a stream opened
+    during the drain), register."""
 
 
 async def run_push(args: argparse.Namespace, tmp: Path, reader: str, streams: int,
                    ) -> PushResult:
     os.environ["WORKER_CLIENT_EVENT_READER"] = reader  # the engines inherit it
+    timings = tmp / f"timings-{reader}-{streams}.ndjson"
+    os.environ["WORKER_CLIENT_TIMINGS"] = str(timings)
     janitor = ProcessJanitor()
     try:
-        return await _run_push(janitor, args, tmp / f"push-{reader}-{streams}", reader,
-                               streams)
+        result = await _run_push(janitor, args, tmp / f"push-{reader}-{streams}", reader,
+                                 streams)
     finally:
         janitor.close()
         os.environ.pop("WORKER_CLIENT_EVENT_READER", None)
+        os.environ.pop("WORKER_CLIENT_TIMINGS", None)
+    add_timings(result, timings)
+    return result
+
+
+def add_timings(result: PushResult, path: Path) -> None:
+    """The workers' own per-drain records: where the time between the coordinator's drain
+    start and shutdown_event goes, and how each drain was learnt."""
+    for line in path.read_text().splitlines() if path.exists() else []:
+        record = json.loads(line)
+        source = str(record["source"])
+        result.sources[source] = result.sources.get(source, 0) + 1
+        if record["started_at"] is not None:
+            result.received_ms.append((record["received_at"] - record["started_at"]) * 1000)
+        result.hop_ms.append((record["set_at"] - record["received_at"]) * 1000)
 
 
 async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path,
@@ -361,18 +391,23 @@ async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path
                      % (len(body), body))
         started_at = (await asyncio.to_thread(read_answer, sock))["drain"]["started_at"]
 
-        def notified() -> list[float] | None:
+        def notified() -> list[dict[str, Any]] | None:
             workers = [w for w in coord_a.status()["workers"] if w["pid"] in engines]
-            times = [w["notified_at"] for w in workers]
-            return None if None in times else times
+            return None if any(w["notified_at"] is None for w in workers) else workers
 
         # Read the workers' notified_at only once the push is surely over: polling /status
         # meanwhile would compete for the CPUs with the very wake-ups being timed.
         await asyncio.sleep(0.3)
-        times = await asyncio.to_thread(wait_for, notified, what="every worker notified",
-                                        interval=0.05)
+        workers = await asyncio.to_thread(wait_for, notified, what="every worker notified",
+                                          interval=0.05)
+        times = [w["notified_at"] for w in workers]
+        for w in workers:
+            if w.get("pushed_at") is not None:
+                result.written_ms.append((w["pushed_at"] - started_at) * 1000)
+                result.written_to_set_ms.append((w["notified_at"] - w["pushed_at"]) * 1000)
         result.shutdown_ms += [(at - t0) * 1000 for at in times]
         result.push_ms += [(at - started_at) * 1000 for at in times]
+        result.call_to_start_ms.append((started_at - t0) * 1000)
         def handed_back(before: int = before) -> bool:
             return observer.count >= before + streams
 
@@ -425,6 +460,15 @@ def push_report(results: list[PushResult], args: argparse.Namespace) -> str:
             f"{pct(r.shutdown_ms, .5):>7.2f} / {pct(r.shutdown_ms, .99):.2f} / "
             f"{max(r.shutdown_ms or [0]):.2f}  "
             f"{pct(r.push_ms, .5):>10.2f} / {pct(r.push_ms, .99):.2f}  {hand:>22}")
+    lines += ["", "breakdown (ms, p50 / p99 / max): call -> coordinator drain start | "
+              "drain start -> line written by the coordinator | written -> shutdown_event set"
+              " | drain start -> line read by the worker | line read -> shutdown_event set"]
+    for r in results:
+        parts = [f"{pct(v, .5):.2f} / {pct(v, .99):.2f} / {max(v or [0]):.2f}"
+                 for v in (r.call_to_start_ms, r.written_ms, r.written_to_set_ms,
+                           r.received_ms, r.hop_ms)]
+        lines.append(f"{r.reader:<8}{r.streams:>8}  " + "  |  ".join(parts)
+                     + f"  sources {dict(sorted(r.sources.items()))}")
     return "\n".join(lines)
 
 

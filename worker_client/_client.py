@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import json
 import logging
 import os
 import random
@@ -44,6 +45,11 @@ EVENT_READER_ENV = "WORKER_CLIENT_EVENT_READER"
 """``loop`` (the default: read the event stream on the engine's loop when there is one) or
 ``thread`` (always a reader thread); the constructor's ``event_reader`` wins over it."""
 EVENT_READERS = ("loop", "thread")
+
+TIMINGS_ENV = "WORKER_CLIENT_TIMINGS"
+"""A file path: append one JSON line per drain with where the notice came from and when it was
+read and acted on (for benchmarks; written a while after the drain, off its critical path)."""
+TIMINGS_DELAY_S = 0.5
 
 
 class WorkerClient:
@@ -93,12 +99,16 @@ class WorkerClient:
         """The last ``drain`` event (reason, deadlines), None while serving."""
         self.drain_received_at: float | None = None
         """time.monotonic() when the drain notice was read off the socket."""
+        self.drain_source: str | None = None
+        """How the drain was learnt: ``push`` (the ``drain`` line on an open stream),
+        ``hello`` (a stream opened during the drain), ``register`` or ``local``."""
         self.drain_received_in: str | None = None
         """The thread that read it: the loop's own (``event_reader="loop"``) or the reader
         thread's name."""
         self.shutdown_set_at: float | None = None
         """time.monotonic() when ``shutdown_event`` was set on the loop."""
         self.unreported_handoffs = 0
+        self._drain_received_wall = 0.0
         """Handed-back requests that had no request id yet (they cannot be reported)."""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -227,7 +237,7 @@ class WorkerClient:
         Sets the shutdown at once, then asks the coordinator (``POST /drain``, ``wait=false``)
         in the background so the whole pod drains the same way.
         """
-        self._begin_drain({"type": "drain", "reason": reason, "source": "local"})
+        self._begin_drain({"type": "drain", "reason": reason, "source": "local"}, "local")
         if self.coordinator_url:
             threading.Thread(
                 target=self._request_drain, args=(reason,), name="worker-client-drain", daemon=True
@@ -250,11 +260,13 @@ class WorkerClient:
         except httpx.HTTPError as exc:
             log.warning("could not ask the coordinator to drain: %s", exc)
 
-    def _begin_drain(self, event: dict[str, Any]) -> None:
+    def _begin_drain(self, event: dict[str, Any], source: str) -> None:
         if self.draining.is_set():
             return
         self.drain = event
         self.drain_received_at = time.monotonic()
+        self.drain_source = source
+        self._drain_received_wall = time.time()
         self.drain_received_in = threading.current_thread().name
         self._tracker.shutting_down = True
         self.draining.set()
@@ -275,8 +287,16 @@ class WorkerClient:
             return
         self.shutdown_set_at = time.monotonic()
         self.shutdown_event.set()
+        set_at = time.time()
         if self.registered.is_set():
-            self._reporter.notified(time.time())
+            self._reporter.notified(set_at)
+        timings = os.environ.get(TIMINGS_ENV)
+        if timings and self._loop is not None and _running_loop() is self._loop:
+            record = {"pid": os.getpid(), "source": self.drain_source,
+                      "started_at": (self.drain or {}).get("started_at"),
+                      "received_at": self._drain_received_wall, "set_at": set_at,
+                      "read_in": self.drain_received_in}
+            self._loop.call_later(TIMINGS_DELAY_S, _append_line, timings, record)
         self._tracker.interrupt_all()
         for listener in self._drain_listeners:
             listener()
@@ -346,7 +366,8 @@ class WorkerClient:
         self._reporter.enable(True)
         log.info("registered with %s as worker %s", self.coordinator_url, self.worker_id)
         if data.get("phase") in DRAIN_PHASES:
-            self._begin_drain({"type": "drain", "reason": "joined a running drain"})
+            self._begin_drain({"type": "drain", "reason": "joined a running drain"},
+                              "register")
 
     def _forget_registration(self) -> None:
         self._reporter.enable(False)
@@ -356,12 +377,12 @@ class WorkerClient:
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "drain":
-            self._begin_drain(event)
+            self._begin_drain(event, "push")
         elif kind == "hello":
             self._stream_was_healthy = True
             phase = event.get("phase")
             if phase in DRAIN_PHASES:
-                self._begin_drain({**event, "type": "drain"})
+                self._begin_drain({**event, "type": "drain"}, "hello")
             elif phase == "serving" and self.drain and self.drain.get("source") != "local":
                 self._abort_drain()
         elif kind == "abort":
@@ -411,6 +432,11 @@ class WorkerClient:
             self._stream.close()  # the events thread registers again
         if status >= 400:
             raise CoordinatorRefused(status, "report refused")
+
+
+def _append_line(path: str, record: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
 
 
 def _running_loop() -> asyncio.AbstractEventLoop | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 from starlette.responses import Response
@@ -19,6 +20,8 @@ from coordinator.service.registry import Worker
 from coordinator.service.runtime import Coordinator
 
 MEDIA_TYPE = "application/x-ndjson"
+
+DRAIN_LINE = b'{"type":"drain"'
 
 
 class EventStream(Response):
@@ -54,8 +57,17 @@ class EventStream(Response):
             first = event_line(hello) + b"".join(
                 event_line(e) for e in coordinator.catch_up_events())
             await send({"type": "http.response.body", "body": first, "more_body": True})
+
+            def write_now(line: bytes) -> Awaitable[None]:
+                if line.startswith(DRAIN_LINE):
+                    worker.pushed_at = time.time()
+                return send({"type": "http.response.body", "body": line, "more_body": True})
+
+            sub.write_now = write_now
             async for line in sub.lines():
                 await send({"type": "http.response.body", "body": line, "more_body": True})
+                if line.startswith(DRAIN_LINE):
+                    worker.pushed_at = time.time()
             with contextlib.suppress(OSError, RuntimeError):
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:

@@ -62,6 +62,9 @@ class Worker:
     connected: int = 0
     """Open event streams."""
     notified_at: float | None = None
+    pushed_at: float | None = None
+    """When the last ``drain`` line was handed to its stream's transport (epoch s; with
+    ``notified_at`` it splits the push into the coordinator's part and the worker's)."""
     """When the worker says its ``shutdown_event`` was set for the current drain."""
     awaiting_report: bool = False
     """Its stream was open when the drain started and it has not reported its in-flight
@@ -91,6 +94,7 @@ class Worker:
             "connected": self.connected > 0,
             "awaiting_report": self.awaiting_report,
             "notified_at": self.notified_at,
+            "pushed_at": self.pushed_at,
             "prekill_done": self.prekill_done,
             "registered_at": self.registered_at,
             "exited_at": self.exited_at,
