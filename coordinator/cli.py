@@ -205,12 +205,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _start_drain(client: CoordinatorClient, args: argparse.Namespace) -> dict[str, Any]:
-    if not args.force:
-        return client.start_drain(args.reason, args.deadline)
-    body: dict[str, Any] = {"wait": False, "reason": args.reason, "force": True}
-    if args.deadline is not None:
-        body["deadline_s"] = args.deadline
-    return client._call("POST", "/drain", json=body)
+    return client.start_drain(args.reason, args.deadline, force=args.force)
 
 
 @_client_errors

@@ -222,6 +222,13 @@ def _drain(pod: Pod) -> dict[str, Any]:
     return data
 
 
+def _offset(at: float | None, origin: float | None) -> str:
+    """``at`` as milliseconds after ``origin`` (the kill's first signal)."""
+    if at is None or origin is None:
+        return "-"
+    return f"+{(at - origin) * 1000:.0f} ms"
+
+
 def _print_report(tally: Tally, stats: dict[str, Any], summary: dict[str, Any], pod: Pod,
                   main_exit: int, drain_s: float) -> bool:
     print("\nrequests")
@@ -240,16 +247,20 @@ def _print_report(tally: Tally, stats: dict[str, Any], summary: dict[str, Any], 
         print(f"  +{(entry['at'] - start) * 1000:8.1f} ms  {entry['phase']:<12}{note}")
 
     roles = pod.roles()
-    print("\nprocesses of pod 0 (children first, main process last)")
-    print(f"  {'PID':>7}  {'ROLE':<14} {'FATE':<9} {'SIGNAL':<8} {'ENDED AFTER':>11}  EXIT")
+    print("\nprocesses of pod 0, in the order they ended")
+    first = min((p["signalled_at"] for p in summary.get("processes", [])
+                 if p.get("signalled_at")), default=None)
+    print(f"  {'PID':>7}  {'ROLE':<14} {'FATE':<9} {'SIGNAL':<8} {'SIGNALLED':>9} "
+          f"{'ENDED':>9} {'TOOK':>8}  EXIT")
     processes = sorted(summary.get("processes", []),
-                       key=lambda p: (-int(p.get("depth") or 0), p["pid"]))
+                       key=lambda p: (p.get("ended_at") or float("inf"), p["pid"]))
     for p in processes:
         after = f"{p['elapsed_ms']:.0f} ms" if p.get("elapsed_ms") is not None else "-"
         code = "?" if p.get("exit_code") is None else str(p["exit_code"])
         role = roles.get(p["pid"], p.get("role") or p.get("name") or "?")
         print(f"  {p['pid']:>7}  {role:<14} {p['fate']:<9} {p.get('signal') or '-':<8} "
-              f"{after:>11}  {code}")
+              f"{_offset(p.get('signalled_at'), first):>9} {_offset(p.get('ended_at'), first):>9} "
+              f"{after:>8}  {code}")
     print(f"  engine main process exit status: {main_exit}")
     records = pod.engine.records()
     unfinished = [r for r in records if r.get("cleanup") != "finished"]

@@ -69,8 +69,12 @@ class CoordinatorClient:
             params = {"wait": wait, "since": since}
         return self._call("GET", "/status", params=params)
 
-    def start_drain(self, reason: str, deadline_s: float | None) -> dict[str, Any]:
+    def start_drain(self, reason: str, deadline_s: float | None, *,
+                    force: bool = False) -> dict[str, Any]:
+        """Start (or join) a drain without waiting for it; ``force`` SIGKILLs at once."""
         body: dict[str, Any] = {"wait": False, "reason": reason}
+        if force:
+            body["force"] = True
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         return self._call("POST", "/drain", json=body)
