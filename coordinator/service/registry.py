@@ -62,10 +62,10 @@ class Worker:
     connected: int = 0
     """Open event streams."""
     notified_at: float | None = None
+    """When the worker says its ``shutdown_event`` was set for the current drain."""
     pushed_at: float | None = None
     """When the last ``drain`` line was handed to its stream's transport (epoch s; with
     ``notified_at`` it splits the push into the coordinator's part and the worker's)."""
-    """When the worker says its ``shutdown_event`` was set for the current drain."""
     awaiting_report: bool = False
     """Its stream was open when the drain started and it has not reported its in-flight
     count since: until it does (or disconnects, or exits) the migrating phase holds."""
@@ -107,7 +107,8 @@ class Worker:
             include_tree=self.include_tree,
             tiers=[
                 {"name": t.name, "pattern": t.pattern, "roles": list(t.roles),
-                 "signal": int(t.signal), "timeout_s": t.timeout_s}
+                 "signal": int(t.signal), "timeout_s": t.timeout_s,
+                 "include_root": t.include_root}
                 for t in self.tiers
             ],
         )
@@ -117,7 +118,8 @@ class Worker:
     def from_record(cls, data: dict[str, Any]) -> Worker:
         tiers = tuple(
             TierSpec(name=t["name"], pattern=t.get("pattern"), roles=tuple(t.get("roles", ())),
-                     signal=int(t["signal"]), timeout_s=float(t["timeout_s"]))
+                     signal=int(t["signal"]), timeout_s=float(t["timeout_s"]),
+                     include_root=bool(t.get("include_root", False)))
             for t in data.get("tiers", ())
         )
         return cls(
