@@ -3,6 +3,7 @@ outside with the kill tiers its tree needs."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -144,6 +145,52 @@ def test_unmodified_vllm_registered_with_its_tiers_stops_without_escalation(
     assert {p["fate"] for p in report} == {"exited"}, report
     engine_core = next(p for p in report if p["name"].startswith("VLLM::EngineCor"))
     assert engine_core["tier"] == "engine-core"
+    assert vllm.proc.wait(timeout=30) == 0
+    assert processes[vllm.proc.pid]["exit_code"] == 0
+    assert escalations(vllm) == []
+    assert alive(list(before)) == []
+
+
+def test_unmodified_vllm_adopted_with_its_tiers_stops_without_escalation(
+    janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
+) -> None:
+    """1. start vLLM's own OpenAI server (unmodified) and complete one request;
+    2. start a coordinator that adopts it by pattern with the tiers docs/engines.md gives for
+       vLLM (`--adopt-tier`, from deploy/examples/unmodified/engine_tiers.py): EngineCore
+       first, then its Workers, the API server last;
+    3. GET /drain: every process of the tree exited after SIGTERM (none killed, none
+       survived), EngineCore in its declared tier, the API server with 0;
+    4. vLLM logged no escalation, and no process of the tree is left."""
+    spec = importlib.util.spec_from_file_location("engine_tiers",
+                                                  REGISTER.parent / "engine_tiers.py")
+    assert spec is not None
+    assert spec.loader is not None
+    engine_tiers = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine_tiers)
+    flags: list[str] = engine_tiers.adopt_tier_flags("vllm")
+    vllm = start_vllm(janitor, tmp_path, tiny_model)
+    assert complete(vllm).strip()
+    before = tree(vllm.proc.pid)
+    coordinator = start_coordinator(
+        janitor, tmp_path,
+        "--adopt-pattern", f"vllm\\.entrypoints\\.openai\\.api_server .*{pattern_for(tiny_model)}",
+        *flags,
+        "--grace-period", "90", "--safety-margin", "5", "--tier-timeout", "20",
+        "--scan-interval", "0.5",
+    )
+    wait_for(
+        lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
+        timeout=60, what="the coordinator lists the whole vLLM tree",
+    )
+
+    summary = drain(coordinator, tmp_path, "vllm-adopted-tiered")
+    report = summary["processes"]
+    processes = {p["pid"]: p for p in report}
+    assert summary["phase"] == "done"
+    assert set(before) <= set(processes), (before, report)
+    assert {p["fate"] for p in report} == {"exited"}, report
+    engine_core = next(p for p in report if p["name"].startswith("VLLM::EngineCor"))
+    assert engine_core["tier"] == "engine-core", report
     assert vllm.proc.wait(timeout=30) == 0
     assert processes[vllm.proc.pid]["exit_code"] == 0
     assert escalations(vllm) == []
