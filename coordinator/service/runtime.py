@@ -32,6 +32,7 @@ from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
 from coordinator.service.notifier import Notifier
+from coordinator.service.process_scan import ProcessScan, Roots, process_entry
 from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
 from coordinator.settings import Settings
 
@@ -42,15 +43,6 @@ FULL_VIEW = "full"
 ROUTER_VIEW = "router"
 """``GET /status?view=router``: the document without ``processes`` and the history."""
 VIEWS = (FULL_VIEW, ROUTER_VIEW)
-
-
-def process_entry(o: ProcessOutcome) -> dict[str, Any]:
-    """A process as ``/status`` lists it (the outcome without its long command line)."""
-    return {"pid": o.pid, "name": o.name, "role": o.role, "root_pid": o.root_pid,
-            "parent_pid": o.parent_pid, "depth": o.depth, "fate": o.fate.value,
-            "exit_code": o.exit_code, "signal": o.signal, "tier": o.tier,
-            "elapsed_ms": o.elapsed_ms, "detail": o.detail,
-            "signalled_at": o.signalled_at, "killed_at": o.killed_at, "ended_at": o.ended_at}
 
 
 class Coordinator:
@@ -72,14 +64,12 @@ class Coordinator:
             pids=tuple(settings.adopt_pids), patterns=tuple(settings.adopt_patterns),
             confine_to=settings.confine_to_pid,
         )
-        self.adopted: list[identity.ProcessFacts] = []
-        self.scanned: dict[int, ProcessOutcome] = {}
+        self.scan = ProcessScan(self.rules, on_change=self.processes_changed)
         self._cache: tuple[int, str, bytes] | None = None
         self._router_cache: tuple[int, str, bytes] | None = None
         self._processes_epoch = 0
         """Bumped whenever the process list may have changed (its JSON is cached apart)."""
         self._processes_cache: tuple[int, bytes, bytes] | None = None
-        self._scan_task: asyncio.Task[None] | None = None
         self._loop_ready = False
         self._notify_pending = False
         self.controller = DrainController(
@@ -114,14 +104,13 @@ class Coordinator:
                     log.exception("state file %s unusable; starting fresh",
                                   self.settings.state_file)
         await self.rescan()
-        self._scan_task = asyncio.get_running_loop().create_task(self._scan_forever())
+        self.scan.start(self.settings.process_scan_interval_s, self._roots,
+                        paused=lambda: self.machine.phase in (Phase.TERMINATING, Phase.DONE))
 
     async def stop(self) -> None:
         """Close streams, stop the scanner and the drain task, write the state a last time."""
         self.notifier.close_all()
-        if self._scan_task is not None:
-            self._scan_task.cancel()
-            await asyncio.gather(self._scan_task, return_exceptions=True)
+        await self.scan.stop()
         await self.controller.close()
         self.registry.close()
         await self.writer.close()
@@ -285,7 +274,7 @@ class Coordinator:
             "workers": [w.to_status() for w in self.registry.workers.values()],
             "migrations": [m.to_dict() for m in self.migrations.pending.values()],
             "migration_counts": self.migrations.counts(),
-            "adopted": [{"pid": f.pid, "name": f.name} for f in self.adopted],
+            "adopted": [{"pid": f.pid, "name": f.name} for f in self.scan.adopted],
             "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": self.started_at},
@@ -299,7 +288,7 @@ class Coordinator:
         return document
 
     def process_list(self) -> list[dict[str, Any]]:
-        merged: dict[int, ProcessOutcome] = dict(self.scanned)
+        merged: dict[int, ProcessOutcome] = dict(self.scan.scanned)
         drain = self.controller.drain or self.controller.last
         if drain is not None and self.machine.phase in (Phase.TERMINATING, Phase.DONE):
             if self.machine.phase is Phase.DONE:
@@ -312,37 +301,10 @@ class Coordinator:
 
     async def rescan(self) -> None:
         """Re-discover adopted roots and re-list every registered and adopted tree."""
-        roots = [(w.pid, w.role) for w in self.registry.alive()]
-        registered = [pid for pid, _ in roots]
-        adopted, scanned = await asyncio.to_thread(self._scan, roots, registered)
-        changed = ({f.pid for f in adopted} != {f.pid for f in self.adopted}
-                   or scanned.keys() != self.scanned.keys())
-        self.adopted = adopted
-        self.scanned = scanned
-        if changed:
-            self.processes_changed()
+        await self.scan.rescan(self._roots())
 
-    def _scan(self, roots: list[tuple[int, str]], registered: list[int],
-              ) -> tuple[list[identity.ProcessFacts], dict[int, ProcessOutcome]]:
-        adopted = adoption.discover(self.rules, exclude=registered)
-        scanned: dict[int, ProcessOutcome] = {}
-        for root_pid, role in [*roots, *((f.pid, "adopted") for f in adopted)]:
-            for found, depth in identity.tree(root_pid):
-                scanned.setdefault(found.pid, ProcessOutcome(
-                    pid=found.pid, name=found.name, start_time=found.start_time,
-                    cmdline=found.cmdline, root_pid=root_pid, parent_pid=found.ppid,
-                    depth=depth, role=role if depth == 0 else None))
-        return adopted, scanned
-
-    async def _scan_forever(self) -> None:
-        while True:
-            await asyncio.sleep(self.settings.process_scan_interval_s)
-            if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
-                continue
-            try:
-                await self.rescan()
-            except Exception:
-                log.exception("process scan failed")
+    def _roots(self) -> Roots:
+        return [(w.pid, w.role) for w in self.registry.alive()]
 
     # --- workers -----------------------------------------------------------------------------
 
@@ -374,7 +336,7 @@ class Coordinator:
         if worker is not None:
             self.notifier.close_worker(worker_id)
             self.metrics.workers.set(len(self.registry.workers))
-            self.scanned = {p: o for p, o in self.scanned.items() if o.root_pid != worker.pid}
+            self.scan.forget_root(worker.pid)
             self.processes_changed()
         return worker
 
@@ -486,15 +448,15 @@ class Coordinator:
     def kill_targets(self) -> list[Target]:
         targets = [w.target() for w in self.registry.alive()]
         registered = {t.pid for t in targets}
-        self.adopted = adoption.discover(self.rules, exclude=registered)
+        self.scan.adopted = adoption.discover(self.rules, exclude=registered)
         adopted_tiers = tuple(self.settings.adopt_tiers)
         targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted",
                               tiers=adopted_tiers)
-                       for f in self.adopted)
+                       for f in self.scan.adopted)
         # Descendants of workers whose root already exited may have been re-parented away
         # from their tree: take the last known ones by identity (gone ones are reported gone).
         exited_roots = {w.pid for w in self.registry.workers.values() if not w.alive}
-        for outcome in self.scanned.values():
+        for outcome in self.scan.scanned.values():
             if outcome.root_pid in exited_roots and outcome.depth > 0:
                 targets.append(Target(pid=outcome.pid, start_time=outcome.start_time,
                                       role=outcome.role or "orphan", include_tree=True))
