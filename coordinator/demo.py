@@ -25,32 +25,17 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from coordinator.local_stack import LocalStack, Pod
-from coordinator.sim.tokens import expected_tokens
-from router_client import sse
+from coordinator.streaming_load import ClientStream, StreamingLoad
 
 PASSED = 0
 FAILED = 1
-
-
-@dataclass
-class ClientStream:
-    """What one client asked for and saw."""
-
-    prompt: str
-    max_tokens: int
-    tokens: list[str] = field(default_factory=list)
-    done: bool = False
-    error: str | None = None
-
-    def expected(self) -> list[str]:
-        return expected_tokens(self.prompt, self.max_tokens)
 
 
 @dataclass
@@ -70,65 +55,20 @@ class Tally:
     def of(cls, streams: Sequence[ClientStream]) -> Tally:
         tally = cls(sent=len(streams))
         for s in streams:
-            want = s.expected()
+            missing, duplicated = s.missing_duplicated()
             tally.completed += s.done
             tally.lost += not s.done
-            tally.exact += s.done and s.tokens == want
-            tally.expected_tokens += len(want)
+            tally.exact += s.exact
+            tally.expected_tokens += len(s.expected())
             tally.received_tokens += len(s.tokens)
-            have, need = Counter(s.tokens), Counter(want)
-            tally.missing_tokens += sum((need - have).values())
-            tally.duplicated_tokens += sum((have - need).values())
+            tally.missing_tokens += missing
+            tally.duplicated_tokens += duplicated
         return tally
 
     @property
     def perfect(self) -> bool:
         return (self.lost == 0 and self.exact == self.sent and self.missing_tokens == 0
                 and self.duplicated_tokens == 0)
-
-
-class Load:
-    """Concurrent streaming clients; ``flowing`` is set once every stream has a few tokens."""
-
-    def __init__(self, url: str, streams: int, max_tokens: int, warm_tokens: int = 3) -> None:
-        self.url = url
-        self.streams = [ClientStream(f"demo prompt {i}: once upon a time", max_tokens)
-                        for i in range(streams)]
-        self.flowing = asyncio.Event()
-        self._warm_tokens = warm_tokens
-        self._warm = 0
-
-    async def run(self) -> list[ClientStream]:
-        limits = httpx.Limits(max_connections=len(self.streams) + 4)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0), limits=limits) as http:
-            await asyncio.gather(*(self._one(http, i, s) for i, s in enumerate(self.streams)))
-        return self.streams
-
-    def _warmed(self) -> None:
-        self._warm += 1
-        if self._warm == len(self.streams):
-            self.flowing.set()
-
-    async def _one(self, http: httpx.AsyncClient, i: int, stream: ClientStream) -> None:
-        body = {"prompt": stream.prompt, "max_tokens": stream.max_tokens, "stream": True}
-        try:
-            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
-                                   headers={"X-Request-Id": f"demo-{i}"}) as response:
-                async for event in sse.events(response.aiter_lines()):
-                    if event == sse.DONE:
-                        stream.done = True
-                        break
-                    if not isinstance(event, dict) or "error" in event:
-                        stream.error = str(event)
-                        break
-                    stream.tokens.append(sse.chunk_text(event))
-                    if len(stream.tokens) == self._warm_tokens:
-                        self._warmed()
-        except httpx.HTTPError as exc:
-            stream.error = repr(exc)
-        finally:
-            if len(stream.tokens) < self._warm_tokens:
-                self._warmed()  # a stream that ended early must not hold the drain back
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -183,7 +123,9 @@ async def _scenario(args: argparse.Namespace, stack: LocalStack) -> int:
     print(f"  pod 0: {_describe(drained)}")
     print(f"  {args.streams} streaming requests x {args.tokens} tokens through {router}")
 
-    load = Load(router, args.streams, args.tokens)
+    load = StreamingLoad(router, [f"demo prompt {i}: once upon a time"
+                                  for i in range(args.streams)],
+                         args.tokens, request_id_prefix="demo-")
     clients = asyncio.create_task(load.run())
     await asyncio.wait_for(load.flowing.wait(), 120)
     print("  every stream is flowing; draining pod 0 with GET /drain (as the kubelet's preStop)")

@@ -6,15 +6,12 @@ import asyncio
 import json
 import socket
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from coordinator.sim.launcher import EngineHandle, start_engine
-from coordinator.sim.tokens import expected_tokens
-from router_client import sse
+from coordinator.streaming_load import StreamingLoad
 from tests.service.servers import FAST, Running, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -89,62 +86,16 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pods: list[Pod], *args: str
     return url
 
 
-@dataclass
-class Stream:
-    """What one client saw."""
-
-    prompt: str
-    max_tokens: int
-    tokens: list[str] = field(default_factory=list)
-    done: bool = False
-    error: str | None = None
-
-    @property
-    def exact(self) -> bool:
-        return self.done and self.tokens == expected_tokens(self.prompt, self.max_tokens)
-
-
-class Load:
+class Load(StreamingLoad):
     """``n`` concurrent streaming completions; ``started`` fires once each has ``min_tokens``."""
 
     def __init__(self, url: str, n: int, max_tokens: int, min_tokens: int = 3) -> None:
-        self.url = url
-        self.streams = [Stream(f"prompt {i}: tell me", max_tokens) for i in range(n)]
-        self.min_tokens = min_tokens
-        self.started = asyncio.Event()
-        self._warm = 0
+        super().__init__(url, [f"prompt {i}: tell me" for i in range(n)], max_tokens,
+                         request_id_prefix="client-", warm_tokens=min_tokens, timeout_s=60.0)
 
-    async def run(self) -> list[Stream]:
-        limits = httpx.Limits(max_connections=len(self.streams) + 8)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(60.0), limits=limits) as http:
-            await asyncio.gather(*(self._one(http, i, s) for i, s in enumerate(self.streams)))
-        return self.streams
-
-    async def _one(self, http: httpx.AsyncClient, i: int, stream: Stream) -> None:
-        body = {"prompt": stream.prompt, "max_tokens": stream.max_tokens, "stream": True}
-        try:
-            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
-                                   headers={"X-Request-Id": f"client-{i}"}) as resp:
-                async for event in sse.events(resp.aiter_lines()):
-                    if event == sse.DONE:
-                        stream.done = True
-                        break
-                    assert isinstance(event, dict)
-                    if "error" in event or event.get("handed_back"):
-                        stream.error = json.dumps(event)
-                        break
-                    stream.tokens.append(sse.chunk_text(event))
-                    if len(stream.tokens) == self.min_tokens:
-                        self._warm += 1
-                        if self._warm == len(self.streams):
-                            self.started.set()
-        except httpx.HTTPError as exc:
-            stream.error = repr(exc)
-        finally:
-            if len(stream.tokens) < self.min_tokens:
-                self._warm += 1  # a stream that ended early must not hold the others back
-                if self._warm == len(self.streams):
-                    self.started.set()
+    @property
+    def started(self) -> asyncio.Event:
+        return self.flowing
 
 
 def summary_is_graceful(summary: dict[str, Any], main_pid: int) -> list[str]:
