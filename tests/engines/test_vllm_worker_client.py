@@ -23,9 +23,11 @@ MAX_TOKENS = 16000
 """Long enough that the stream is still running when the drain lands: the tiny model makes
 about a token per millisecond here, so this is several seconds, against the milliseconds the
 drain notice takes."""
-DRAIN_AFTER = 1
-"""Events seen before the drain starts. The first: later ones can reach the client in one
-burst at the end of the generation (uvicorn's writes lag behind a tiny model's pace here)."""
+# The drain starts as soon as the response headers arrive, not after some tokens: on a loaded
+# 2-core machine the client may read the first event only once the tiny model has produced
+# them all (the events then arrive in one burst), so waiting for events would race the end of
+# the generation. The headers come when the server starts the generation, which then runs for
+# seconds.
 ESCALATIONS = ("died unexpectedly", "force killing")
 
 
@@ -38,7 +40,7 @@ class Stream:
     events: list[dict[str, Any]] = field(default_factory=list)
     done: bool = False
     error: BaseException | None = None
-    enough: threading.Event = field(default_factory=threading.Event)
+    started: threading.Event = field(default_factory=threading.Event)
     ended: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
@@ -48,6 +50,7 @@ class Stream:
             with httpx.stream("POST", self.url + "/v1/completions", json=body, timeout=120,
                               headers={"X-Request-Id": self.request_id}) as response:
                 response.raise_for_status()
+                self.started.set()
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
                         continue
@@ -56,12 +59,10 @@ class Stream:
                         self.done = True
                         continue
                     self.events.append(json.loads(data))
-                    if len(self.events) >= DRAIN_AFTER:
-                        self.enough.set()
         except BaseException as exc:  # reported by the test thread
             self.error = exc
         finally:
-            self.enough.set()
+            self.started.set()
             self.ended.set()
 
 
@@ -70,9 +71,10 @@ def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
 ) -> None:
     """1. start a coordinator, then the example server (AsyncLLM on the tiny dummy Llama)
        pointed at it; it registers with vLLM's tiers;
-    2. stream a 16000-token completion; after its first event start a drain (POST /drain, no wait);
+    2. stream a 16000-token completion; once its response has started, start a drain
+       (POST /drain, no wait);
     3. the stream ends with a handed_back event naming the request and the tokens streamed
-       (fewer than asked), and no [DONE]; vLLM logs the request's abort;
+       (fewer than asked: the events before it), and no [DONE]; the server logs the hand-back;
     4. the handoff is in /status migrations; acknowledge it as a router would;
     5. GET /drain joins the drain: EngineCore went first (its tier), every process exited
        after SIGTERM, the server with 0, vLLM logged no escalation; nothing is left."""
@@ -89,7 +91,7 @@ def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
     stream = Stream(vllm.url, "rid-drain-1")
     reader = threading.Thread(target=stream.run, daemon=True)
     reader.start()
-    assert stream.enough.wait(120), "no streamed events"
+    assert stream.started.wait(120), "the response did not start"
     assert stream.error is None, stream.error
     with coordinator.client() as client:
         assert client.post("/drain", json={"wait": False, "reason": "test"}).status_code == 202
@@ -99,10 +101,10 @@ def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
     last = stream.events[-1]
     assert last.get("handed_back") is True, (len(stream.events), last, coordinator.status())
     assert last["request_id"] == "rid-drain-1"
-    assert DRAIN_AFTER <= last["tokens"] < MAX_TOKENS
+    assert 0 <= last["tokens"] < MAX_TOKENS
     assert not stream.done
     streamed = sum(1 for e in stream.events if "choices" in e)
-    assert streamed >= DRAIN_AFTER
+    assert streamed <= last["tokens"]
     log_text = vllm.log.read_text(errors="replace")
     assert "handed back request rid-drain-1" in log_text
 
