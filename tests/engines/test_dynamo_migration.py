@@ -33,7 +33,7 @@ from tests.support.processes import ProcessJanitor, wait_for
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(600)]
 
 WORKER = ROOT / "deploy" / "examples" / "dynamo" / "drainable_worker.py"
-MAX_TOKENS = 80
+MAX_TOKENS = 200
 PROMPT_WORDS = 6
 DRAIN_AFTER = 5
 """Streamed chunks the client has seen when the drain starts (mid-stream, far from its end)."""
@@ -130,13 +130,13 @@ def test_draining_a_dynamo_worker_mid_stream_migrates_the_request_to_another_wor
     """1. start Dynamo's frontend (file discovery, --migration-limit 3) and two example
        workers, each registered with its own coordinator (one coordinator per pod);
     2. warm up until the frontend has routed a request to each worker;
-    3. stream a completion of 80 tokens; after 5 chunks, find the worker serving it and drain
+    3. stream a completion of 200 tokens; after 5 chunks, find the worker serving it and drain
        that worker's coordinator (GET /drain, as the kubelet's preStop hook would);
     4. the drained worker hands the request back (EngineShutdown) and its process ends
        gracefully (exit 0, nothing SIGKILLed);
     5. the other worker continues the request;
     6. the client's one stream completes: [DONE], finish_reason "length", and exactly the
-       80 expected tokens in order — nothing lost, nothing repeated."""
+       200 expected tokens in order — nothing lost, nothing repeated."""
     env = {**LOOPBACK_ENV, "DYN_FILE_KV": str(tmp_path / "discovery"),
            "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0", "PYTHONPATH": str(ROOT),
            "DYN_LOG": "info"}
