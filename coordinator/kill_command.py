@@ -11,15 +11,15 @@ survived, 8 a target was refused (PID 1, this process, an ancestor) and nothing 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from coordinator import exit_codes
-from coordinator.errors import RefusedTarget
-from coordinator.kill import Fate, KillPolicy, KillReport, Target, terminate
-from coordinator.service.adoption import AdoptionRules, discover
+
+if TYPE_CHECKING:
+    from coordinator.kill import KillReport
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -39,6 +39,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``kill`` subcommand; returns the exit code."""
+    # Imported here: every other subcommand (and the preStop path) starts without them.
+    import asyncio
+
+    from coordinator.errors import RefusedTarget
+    from coordinator.kill import KillPolicy, Target, terminate
+    from coordinator.service.adoption import AdoptionRules, discover
+
     if not args.pids and not args.pattern:
         print("kill: give at least one PID or --pattern", file=sys.stderr)
         return exit_codes.USAGE
@@ -70,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
 def exit_code(report: KillReport) -> int:
     """``drain``'s exit codes for a kill report."""
+    from coordinator.kill import Fate
+
     fates = {p.fate for p in report.processes}
     if Fate.SURVIVED in fates or Fate.RUNNING in fates:
         return exit_codes.SURVIVED
