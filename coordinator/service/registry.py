@@ -178,14 +178,7 @@ class WorkerRegistry:
         """Take a worker back from the state file, checking its process is still the same."""
         self.workers[worker.id] = worker
         if worker.alive:
-            try:
-                live = facts(worker.pid)
-            except TargetNotFound:
-                live = None
-            if live is None or not same_start(live.start_time, worker.start_time):
-                self._mark_exited(worker)
-            else:
-                self._watch(worker)
+            self._watch(worker)  # checks the identity too, after opening the pidfd
 
     def deregister(self, worker_id: str) -> Worker | None:
         """Remove a worker; None when unknown."""
@@ -216,11 +209,7 @@ class WorkerRegistry:
             self._polls[worker.id] = loop.create_task(self._poll(worker))
             return
         # The PID may have been reused between the identity check and pidfd_open.
-        try:
-            live = facts(worker.pid)
-        except TargetNotFound:
-            live = None
-        if live is None or not same_start(live.start_time, worker.start_time):
+        if not _same_process(worker):
             os.close(fd)
             self._mark_exited(worker)
             return
@@ -245,11 +234,7 @@ class WorkerRegistry:
 
     async def _poll(self, worker: Worker) -> None:
         while worker.alive:
-            try:
-                live = facts(worker.pid)
-            except TargetNotFound:
-                live = None
-            if live is None or not same_start(live.start_time, worker.start_time):
+            if not _same_process(worker):
                 self._polls.pop(worker.id, None)
                 self._mark_exited(worker)
                 return
@@ -261,3 +246,12 @@ class WorkerRegistry:
         worker.exited_at = time.time()
         worker.inflight = 0 if worker.inflight else worker.inflight
         self._on_change()
+
+
+def _same_process(worker: Worker) -> bool:
+    """Whether ``worker.pid`` is still the process that registered (same start time)."""
+    try:
+        live = facts(worker.pid)
+    except TargetNotFound:
+        return False
+    return same_start(live.start_time, worker.start_time)
