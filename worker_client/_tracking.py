@@ -172,8 +172,7 @@ class TrackScope:
         self.request = Request(tracker, request_id, ack)
 
     async def __aenter__(self) -> Request:
-        self._tracker.enter(self.request)
-        return self.request
+        return self.__enter__()
 
     async def __aexit__(
         self,
@@ -181,8 +180,7 @@ class TrackScope:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> bool:
-        self._tracker.leave(self.request)
-        return exc_type is not None and issubclass(exc_type, HandedBack)
+        return self.__exit__(exc_type, exc, tb)
 
     def __enter__(self) -> Request:
         self._tracker.enter(self.request)
