@@ -7,12 +7,10 @@ only in its log).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import socket
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,8 @@ import httpx
 import psutil
 import pytest
 
+from tests.service.servers import Running
+from tests.service.servers import start_coordinator as start_service
 from tests.support.processes import ProcessJanitor, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,46 +96,13 @@ def spawn_logged(
         return janitor.spawn(argv, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT)
 
 
-@dataclass
-class Coordinator:
-    """A ``shutdown-coordinator serve`` process the test owns."""
-
-    proc: subprocess.Popen[Any]
-    url: str
-    log: Path
-
-    def client(self, timeout: float = 120.0) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=timeout)
-
-    def status(self) -> dict[str, Any]:
-        with self.client() as client:
-            response = client.get("/status")
-            response.raise_for_status()
-            data: dict[str, Any] = response.json()
-            return data
+Coordinator = Running
+"""The coordinator process an engine test owns (started by ``start_coordinator``)."""
 
 
 def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str) -> Coordinator:
     """Start the coordinator (from .venv) on a free loopback port and wait for ``/healthz``."""
-    port_file = tmp / "coordinator.port.json"
-    log = tmp / "coordinator.log"
-    proc = spawn_logged(
-        janitor,
-        [sys.executable, "-m", "coordinator", "serve", "--port", "0",
-         "--port-file", str(port_file), *args],
-        log,
-    )
-
-    def listening() -> str | None:
-        if proc.poll() is not None:
-            raise AssertionError(f"coordinator exited {proc.returncode}:\n{log_tail(log)}")
-        if not port_file.exists():
-            return None
-        url = str(json.loads(port_file.read_text())["url"])
-        return url if http_ok(url + "/healthz") else None
-
-    url = wait_for(listening, timeout=60, what="coordinator listening")
-    return Coordinator(proc=proc, url=url, log=log)
+    return start_service(janitor, tmp, *args)
 
 
 @dataclass

@@ -31,8 +31,8 @@ class Running:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, headers=self.headers, timeout=60, **kwargs)
+    def client(self, timeout: float = 60.0, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers=self.headers, timeout=timeout, **kwargs)
 
     def status(self) -> dict[str, Any]:
         with self.client() as client:
