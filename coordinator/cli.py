@@ -45,6 +45,8 @@ _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
      "seconds to wait for workers' pre-kill hooks (default 2)"),
     ("--token-file", "token_file", Path, "file holding the bearer token"),
     ("--state-file", "state_file", Path, "persist the drain here to survive a restart"),
+    ("--doorbell", "doorbell", str,
+     "named pipe that wakes every worker at once: auto (default), off, or a path"),
     ("--confine-to-pid", "confine_to_pid", int,
      "only register or adopt processes descending from this PID"),
     ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),

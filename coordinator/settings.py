@@ -96,6 +96,13 @@ class Settings(BaseSettings):
     """Where the drain's state is persisted (atomically) so a restarted coordinator resumes
     it. Unset: nothing is persisted."""
 
+    doorbell: str = "auto"
+    """The named pipe whose one write wakes every worker at a drain's start (see
+    ``coordinator.service.doorbell``): ``auto`` (one per coordinator process in
+    ``$XDG_RUNTIME_DIR`` or the temp directory), ``off``, or a path. In a pod, a path on an
+    ``emptyDir`` mounted in the engine containers too; workers that cannot open it, or find
+    another file there, learn of the drain from their event stream alone."""
+
     long_poll_cap_s: float = Field(30.0, gt=0, le=3_600)
     """Upper bound on ``GET /status?wait=S``; longer waits are cut to it."""
     ping_interval_s: float = Field(15.0, gt=0, le=3_600)

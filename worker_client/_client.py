@@ -17,6 +17,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
+from worker_client._doorbell import DoorbellWatch
 from worker_client._events import EventStream, StreamRefused, WorkerUnknown
 from worker_client._raw_http import RawPoster
 from worker_client._registration import Registration, Tier, register
@@ -108,12 +109,16 @@ class WorkerClient:
         self.shutdown_set_at: float | None = None
         """time.monotonic() when ``shutdown_event`` was set on the loop."""
         self.unreported_handoffs = 0
-        self._drain_received_wall = 0.0
         """Handed-back requests that had no request id yet (they cannot be reported)."""
+        self._drain_received_wall = 0.0
+        self._timing: dict[str, Any] | None = None
+        """This drain's record for ``TIMINGS_ENV``, until it is written."""
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = threading.Event()
         self._stream: EventStream | None = None
+        self._doorbell: DoorbellWatch | None = None
+        """The coordinator's doorbell, watched on the loop (loop reader only)."""
         self._thread: threading.Thread | None = None
         self._prekill_hooks: list[PrekillHook] = []
         self._drain_listeners: list[Callable[[], None]] = []
@@ -161,6 +166,7 @@ class WorkerClient:
         self._closed.set()
         if self._stream is not None:
             self._stream.close()
+        self._close_doorbell()
         if deregister and self.worker_id is not None:
             with contextlib.suppress(httpx.HTTPError):
                 self._http.delete(f"/workers/{self.worker_id}")
@@ -262,6 +268,10 @@ class WorkerClient:
 
     def _begin_drain(self, event: dict[str, Any], source: str) -> None:
         if self.draining.is_set():
+            if self.drain_source == "doorbell" and source in ("push", "hello"):
+                self.drain = event  # the doorbell said when; the line says until when
+                if self._timing is not None and self._timing["started_at"] is None:
+                    self._timing["started_at"] = event.get("started_at")
             return
         self.drain = event
         self.drain_received_at = time.monotonic()
@@ -296,6 +306,7 @@ class WorkerClient:
                       "started_at": (self.drain or {}).get("started_at"),
                       "received_at": self._drain_received_wall, "set_at": set_at,
                       "read_in": self.drain_received_in}
+            self._timing = record  # after a doorbell, the drain line tells the start
             self._loop.call_later(TIMINGS_DELAY_S, _append_line, timings, record)
         self._tracker.interrupt_all()
         for listener in self._drain_listeners:
@@ -305,10 +316,13 @@ class WorkerClient:
         if not self.draining.is_set():
             return
         self.drain = None
+        self._timing = None
         self._tracker.resume()
         self.draining.clear()
         if self._loop is not None and _running_loop() is self._loop:
             self.shutdown_event.clear()
+            if self._doorbell is not None:
+                self._doorbell.rearm()
         elif self._loop is not None and not self._loop.is_closed():
             self._loop.call_soon_threadsafe(self.shutdown_event.clear)
         else:
@@ -381,6 +395,7 @@ class WorkerClient:
         elif kind == "hello":
             self._stream_was_healthy = True
             phase = event.get("phase")
+            self._watch_doorbell(event.get("doorbell"))
             if phase in DRAIN_PHASES:
                 self._begin_drain({**event, "type": "drain"}, "hello")
             elif phase == "serving" and self.drain and self.drain.get("source") != "local":
@@ -390,6 +405,29 @@ class WorkerClient:
         elif kind == "terminate":
             threading.Thread(target=self._run_prekill_hooks, name="worker-client-prekill",
                              daemon=True).start()
+
+    def _watch_doorbell(self, info: Any) -> None:
+        """On the loop (loop reader): watch the pipe the ``hello`` named. A ring heard while
+        already draining is a no-op, so this does not depend on the phase."""
+        loop = self._loop
+        if loop is None or _running_loop() is not loop:
+            return  # the thread reader: the stream alone
+        if self._doorbell is None:
+            self._doorbell = DoorbellWatch(loop, self._doorbell_rang)
+        self._doorbell.arm(info)
+
+    def _doorbell_rang(self) -> None:
+        self._begin_drain({"type": "drain", "reason": "doorbell"}, "doorbell")
+
+    def _close_doorbell(self) -> None:
+        bell, loop = self._doorbell, self._loop
+        if bell is None:
+            return
+        if loop is None or loop.is_closed() or not loop.is_running() or _running_loop() is loop:
+            bell.close()
+        else:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(bell.close)
 
     def _run_prekill_hooks(self) -> None:
         for hook in self._prekill_hooks:

@@ -54,6 +54,9 @@ class EventStream(Response):
                 "type": "hello", "id": worker.id, "phase": coordinator.machine.phase.value,
                 "generation": coordinator.machine.generation, "at": time.time(),
             }
+            bell = coordinator.doorbell
+            if bell is not None and bell.info is not None:
+                hello["doorbell"] = bell.info.as_json()
             first = event_line(hello) + b"".join(
                 event_line(e) for e in coordinator.catch_up_events())
             await send({"type": "http.response.body", "body": first, "more_body": True})

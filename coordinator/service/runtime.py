@@ -28,6 +28,7 @@ from coordinator.errors import DrainConflict
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service import adoption, identity
+from coordinator.service.doorbell import Doorbell
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
@@ -59,6 +60,7 @@ class Coordinator:
         self.registry = WorkerRegistry(on_change=self.bump)
         self.migrations = MigrationBook()
         self.notifier = Notifier(settings.ping_interval_s)
+        self.doorbell = Doorbell.from_setting(settings.doorbell)
         self.writer = StateWriter(settings.state_file, self.snapshot)
         self.rules = adoption.AdoptionRules(
             pids=tuple(settings.adopt_pids), patterns=tuple(settings.adopt_patterns),
@@ -94,6 +96,13 @@ class Coordinator:
     async def start(self) -> None:
         """Resume a persisted drain, discover adopted trees, start the process scanner."""
         self._loop_ready = True
+        if self.doorbell is not None:
+            try:
+                self.doorbell.open()
+            except OSError as exc:
+                log.warning("no doorbell (%s): workers learn of a drain from their streams",
+                            exc)
+                self.doorbell = None
         if self.settings.state_file is not None:
             document = await asyncio.to_thread(read_state, self.settings.state_file)
             if document is not None:
@@ -114,6 +123,8 @@ class Coordinator:
         await self.controller.close()
         self.registry.close()
         await self.writer.close()
+        if self.doorbell is not None:
+            self.doorbell.close()
 
     # --- generation, cache, persistence ----------------------------------------------------
 
@@ -404,6 +415,8 @@ class Coordinator:
                 "deadline_at": drain.deadlines.deadline_at}
 
     def drain_started(self, drain: DrainRecord) -> None:
+        if self.doorbell is not None:
+            self.doorbell.ring()
         self.notifier.publish(self._drain_event(drain))
         for worker in self.registry.alive():
             if worker.state is WorkerState.SERVING:
@@ -416,6 +429,8 @@ class Coordinator:
         self.bump()
 
     def drain_aborted(self) -> None:
+        if self.doorbell is not None:
+            self.doorbell.reset()  # before the abort line: a worker re-arms when it reads it
         self.notifier.publish({"type": "abort", "generation": self.machine.generation})
         for worker in self.registry.alive():
             worker.state = WorkerState.SERVING
