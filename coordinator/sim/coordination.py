@@ -22,6 +22,11 @@ from typing import Any
 from coordinator.sim.streams import CompletionStreams, HandedBack, Token
 from worker_client import GracefulShutdown, WorkerClient, install_graceful_shutdown
 
+RECORD_DELAY_S = 0.05
+"""The end record (a file rewritten whole) is updated this long after the drain notice: at
+the notice every engine of the pod wakes at once, and each one's file write would hold a CPU
+the engines not yet woken are waiting for."""
+
 
 class TrackedStreams(CompletionStreams):
     """Completion streams whose every request is tracked by a worker client."""
@@ -71,11 +76,12 @@ def connect(
     client.add_prekill_hook(stand_down_watchdog)
 
     def drained() -> None:
-        on_drain({
+        times = {
             "drain_received_at_monotonic": client.drain_received_at,
             "shutdown_event_set_at_monotonic": client.shutdown_set_at,
             "shutdown_event_set_at": time.time(),
-        })
+        }
+        asyncio.get_running_loop().call_later(RECORD_DELAY_S, on_drain, times)
 
     client.on_drain(drained)
     client.start(asyncio.get_running_loop())
