@@ -224,6 +224,8 @@ def main() -> int:
                         help="stream counts for the repeated drains")
     parser.add_argument("--push-readers", default="loop,thread")
     parser.add_argument("--push-tokens", type=int, default=40)
+    parser.add_argument("--keep-timings", metavar="DIR",
+                        help="keep the workers' per-drain timing records there (NDJSON)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
 

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -55,8 +56,8 @@ class PushResult:
     call_to_start_ms: list[float] = field(default_factory=list)
     """From the drain call to the coordinator's drain start (one per round)."""
     sources: dict[str, int] = field(default_factory=dict)
-    """How the workers learnt of each drain: push (the drain line), hello (a stream opened
-    during the drain), register."""
+    """How the workers learnt of each drain: doorbell (the coordinator's pipe), push (the
+    drain line), hello (a stream opened during the drain), register."""
 
 
 async def run_push(args: argparse.Namespace, tmp: Path, reader: str, streams: int,
@@ -75,7 +76,15 @@ async def run_push(args: argparse.Namespace, tmp: Path, reader: str, streams: in
         os.environ.pop("WORKER_CLIENT_EVENT_READER", None)
         os.environ.pop("WORKER_CLIENT_TIMINGS", None)
     add_timings(result, timings)
+    if args.keep_timings:
+        _keep(timings, Path(args.keep_timings))
     return result
+
+
+def _keep(timings: Path, folder: Path) -> None:
+    if timings.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copy(timings, folder / timings.name)
 
 
 def add_timings(result: PushResult, path: Path) -> None:
