@@ -22,6 +22,7 @@ from worker_client._events import EventStream, StreamRefused, WorkerUnknown
 from worker_client._raw_http import RawPoster
 from worker_client._registration import Registration, Tier, register
 from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
+from worker_client._scheduling import MAX_SLICE_US, MIN_SLICE_US, set_thread_slice, yield_cpu
 from worker_client._tracking import Ack, Tracker, TrackScope
 from worker_client.errors import CoordinatorRefused, HandedBack
 
@@ -46,6 +47,9 @@ EVENT_READER_ENV = "WORKER_CLIENT_EVENT_READER"
 """``loop`` (the default: read the event stream on the engine's loop when there is one) or
 ``thread`` (always a reader thread); the constructor's ``event_reader`` wins over it."""
 EVENT_READERS = ("loop", "thread")
+
+LATENCY_SLICE_ENV = "WORKER_CLIENT_LATENCY_SLICE_US"
+"""Microseconds; the constructor's ``latency_slice_us`` wins over it (see that argument)."""
 
 TIMINGS_ENV = "WORKER_CLIENT_TIMINGS"
 """A file path: append one JSON line per drain with where the notice came from and when it was
@@ -75,11 +79,25 @@ class WorkerClient:
         report_window_s: float = DEFAULT_WINDOW_S,
         event_reader: str | None = None,
         handoff_ack: Ack = "router",
+        latency_slice_us: int | None = None,
     ) -> None:
         reader = event_reader or os.environ.get(EVENT_READER_ENV) or "loop"
         if reader not in EVENT_READERS:
             raise ValueError(f"event_reader must be one of {EVENT_READERS}, not {reader!r}")
         self.event_reader = reader
+        if latency_slice_us is None and os.environ.get(LATENCY_SLICE_ENV):
+            latency_slice_us = int(os.environ[LATENCY_SLICE_ENV])
+        if latency_slice_us is not None and not (
+                MIN_SLICE_US <= latency_slice_us <= MAX_SLICE_US):
+            raise ValueError(f"latency_slice_us must be {MIN_SLICE_US}..{MAX_SLICE_US}")
+        self.latency_slice_us = latency_slice_us
+        """For engines that share CPUs with other engines of the pod (Linux 6.12+): the
+        engine's loop thread asks for this scheduling slice, and yields the CPU once right
+        after a doorbell notice, so that every engine woken by the same write sets its
+        ``shutdown_event`` before any starts its hand-back work (see ``_scheduling``). None
+        (the default): the engine's scheduling is left alone."""
+        self.latency_slice_set: bool | None = None
+        """Whether the kernel took the slice (None until tried)."""
         self.handoff_ack: Ack = handoff_ack
         """Who acknowledges this worker's handoffs by default: ``router`` (one that reads
         ``/status``) or ``engine`` (the engine's own router migrates the stream by itself and
@@ -144,6 +162,11 @@ class WorkerClient:
             except RuntimeError:
                 loop = None
         self._loop = loop
+        if self.latency_slice_us is not None and loop is not None:
+            if _running_loop() is loop:
+                self._set_slice()
+            else:
+                loop.call_soon_threadsafe(self._set_slice)
         if self.coordinator_url and self._thread is None:
             self._thread = threading.Thread(
                 target=self._follow_coordinator, name="worker-client-events", daemon=True
@@ -151,9 +174,16 @@ class WorkerClient:
             self._thread.start()
         return self
 
+    def _set_slice(self) -> None:
+        """On the loop's thread: the slice is per thread."""
+        assert self.latency_slice_us is not None
+        self.latency_slice_set = set_thread_slice(self.latency_slice_us)
+
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to a loop that did not exist when ``start`` ran."""
         self._loop = loop
+        if self.latency_slice_us is not None and self.latency_slice_set is None:
+            loop.call_soon_threadsafe(self._set_slice)
 
     def close(self, deregister: bool | None = None) -> None:
         """Stop the background threads; deregister unless a drain is on (by default)."""
@@ -418,6 +448,10 @@ class WorkerClient:
 
     def _doorbell_rang(self) -> None:
         self._begin_drain({"type": "drain", "reason": "doorbell"}, "doorbell")
+        if self.latency_slice_us is not None:
+            # Every engine of the pod woke at this same write: let those not yet run set
+            # their events before this one starts handing its requests back.
+            yield_cpu()
 
     def _close_doorbell(self) -> None:
         bell, loop = self._doorbell, self._loop
