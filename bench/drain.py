@@ -48,12 +48,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.drain_push import push_report, run_push  # noqa: E402
-from bench.drain_rig import pct, read_answer, start_router, urlsplit_hostport  # noqa: E402
+from bench.drain_rig import (  # noqa: E402
+    pct,
+    read_answer,
+    slice_note,
+    start_router,
+    urlsplit_hostport,
+)
 from bench.handoff_observer import Observer  # noqa: E402
 from coordinator.sim.launcher import EngineHandle, start_engine  # noqa: E402
 from coordinator.streaming_load import ClientStream, StreamingLoad  # noqa: E402
 from tests.service.servers import FAST, Running, start_coordinator  # noqa: E402
 from tests.support.processes import ProcessJanitor, wait_for  # noqa: E402
+from worker_client._client import LATENCY_SLICE_ENV  # noqa: E402
 
 WARM_TOKENS = 5
 
@@ -186,7 +193,7 @@ def report(results: list[Result], args: argparse.Namespace) -> str:
     by = {r.mode: r for r in results}
     lines = [f"drain of {args.workers} workers x {args.streams} streams "
              f"({args.max_tokens} tokens, {args.token_interval_ms:g} ms/token), "
-             f"{os.cpu_count()} CPUs", "",
+             f"{os.cpu_count()} CPUs{slice_note(args)}", "",
              f"{'mode':<9}{'pod empty':>12}{'streams done':>14}{'lost':>7}{'dup':>7}"
              f"{'incomplete':>12}"]
     for r in results:
@@ -224,10 +231,15 @@ def main() -> int:
                         help="stream counts for the repeated drains")
     parser.add_argument("--push-readers", default="loop,thread")
     parser.add_argument("--push-tokens", type=int, default=40)
+    parser.add_argument("--latency-slice-us", type=int, metavar="US",
+                        help="pod A's engines ask for this scheduling slice "
+                             "(WorkerClient latency_slice_us; default: left alone)")
     parser.add_argument("--keep-timings", metavar="DIR",
                         help="keep the workers' per-drain timing records there (NDJSON)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.latency_slice_us is not None:
+        os.environ[LATENCY_SLICE_ENV] = str(args.latency_slice_us)  # the engines inherit it
 
     results = []
     pushes = []

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from bench.drain_rig import pct, read_answer, start_router, urlsplit_hostport
+from bench.drain_rig import pct, read_answer, slice_note, start_router, urlsplit_hostport
 from bench.handoff_observer import Observer
 from coordinator.sim.launcher import EngineHandle, start_engine
 from tests.service.servers import FAST, start_coordinator
@@ -198,7 +198,7 @@ async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: i
 def push_report(results: list[PushResult], args: argparse.Namespace) -> str:
     """The percentile table and the breakdown of where the time goes."""
     lines = [f"repeated drains: {args.workers} workers, {args.push_rounds} rounds each, "
-             f"streams of {args.push_tokens} tokens", "",
+             f"streams of {args.push_tokens} tokens{slice_note(args)}", "",
              f"{'reader':<8}{'streams':>8}{'samples':>9}  {'shutdown_event set ms':>24}"
              f"  {'after drain start ms':>22}  {'handoff visible ms':>22}",
              f"{'':<8}{'':>8}{'':>9}  {'p50 / p99 / max':>24}  {'p50 / p99':>22}"

@@ -3,6 +3,7 @@ a drain call sent on a raw socket, percentiles."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import socket
 import subprocess
@@ -41,6 +42,12 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pod_a: list[EngineHandle],
     janitor.spawn_python(argv, cwd=ROOT, stdout=subprocess.DEVNULL)
     wait_for(ready.exists, what="router ready")
     return str(json.loads(ready.read_text())["url"])
+
+
+def slice_note(args: argparse.Namespace) -> str:
+    """The scheduling hint the engines ran with, for the report's first line."""
+    us = getattr(args, "latency_slice_us", None)
+    return "" if us is None else f"; engines' loop slice {us} us + yield at the doorbell"
 
 
 def urlsplit_hostport(url: str) -> tuple[str, int]:
