@@ -8,7 +8,7 @@
         async for token in req.stream(engine.generate(...)):
             yield token
     if req.handed_back:
-        yield handed_back_event(req.request_id, req.tokens)
+        yield handed_back_event(req.request_id, req.tokens)   # the stream's last event
 
 Only httpx and tenacity are needed; nothing here imports the coordinator, FastAPI or psutil.
 """
@@ -16,7 +16,7 @@ Only httpx and tenacity are needed; nothing here imports the coordinator, FastAP
 from worker_client._client import WorkerClient
 from worker_client._registration import Tier, process_start_time
 from worker_client._signals import GracefulShutdown, install_graceful_shutdown
-from worker_client._tracking import Request, TrackScope
+from worker_client._tracking import Request, TrackScope, handed_back_event
 from worker_client.errors import CoordinatorRefused, HandedBack, WorkerClientError
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "TrackScope",
     "WorkerClient",
     "WorkerClientError",
+    "handed_back_event",
     "install_graceful_shutdown",
     "process_start_time",
 ]

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+from worker_client import handed_back_event
 
 MODEL_NAME = "sim"
 DEFAULT_MAX_TOKENS = 16
@@ -65,7 +66,7 @@ def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
 
 
 def _handed_back(event: HandedBack) -> dict[str, Any]:
-    return {"handed_back": True, "request_id": event.request_id, "tokens": event.tokens}
+    return handed_back_event(event.request_id, event.tokens)
 
 
 def _parse_completion(body: Any) -> tuple[str, int, bool] | str:

@@ -46,7 +46,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 
-from worker_client import Tier, WorkerClient, install_graceful_shutdown
+from worker_client import Tier, WorkerClient, handed_back_event, install_graceful_shutdown
 
 log = logging.getLogger("drainable_sglang")
 
@@ -114,7 +114,7 @@ async def generate(
     if req.handed_back:
         engine.tokenizer_manager.abort_request(rid=rid)
         log.info("handed back request %s after %d tokens", rid, produced)
-        yield sse({"handed_back": True, "request_id": rid, "tokens": produced})
+        yield sse(handed_back_event(rid, produced))
         return
     yield sse("[DONE]")
 

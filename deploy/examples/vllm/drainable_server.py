@@ -53,7 +53,7 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.engine.async_llm import AsyncLLM
 
-from worker_client import Tier, WorkerClient, install_graceful_shutdown
+from worker_client import Tier, WorkerClient, handed_back_event, install_graceful_shutdown
 
 log = logging.getLogger("drainable_server")
 
@@ -167,7 +167,7 @@ async def generate(
         # the request between two outputs (abort of a finished request is a no-op).
         await engine.abort(request_id)
         log.info("handed back request %s after %d tokens", request_id, produced)
-        yield sse({"handed_back": True, "request_id": request_id, "tokens": produced})
+        yield sse(handed_back_event(request_id, produced))
         return
     yield sse("[DONE]")
 
