@@ -22,7 +22,7 @@ from worker_client._events import EventStream, StreamRefused, WorkerUnknown
 from worker_client._raw_http import RawPoster
 from worker_client._registration import Registration, Tier, register
 from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
-from worker_client._scheduling import MAX_SLICE_US, MIN_SLICE_US, set_thread_slice, yield_cpu
+from worker_client._scheduling import check_slice, set_thread_slice
 from worker_client._tracking import Ack, Tracker, TrackScope
 from worker_client.errors import CoordinatorRefused, HandedBack
 
@@ -87,15 +87,13 @@ class WorkerClient:
         self.event_reader = reader
         if latency_slice_us is None and os.environ.get(LATENCY_SLICE_ENV):
             latency_slice_us = int(os.environ[LATENCY_SLICE_ENV])
-        if latency_slice_us is not None and not (
-                MIN_SLICE_US <= latency_slice_us <= MAX_SLICE_US):
-            raise ValueError(f"latency_slice_us must be {MIN_SLICE_US}..{MAX_SLICE_US}")
-        self.latency_slice_us = latency_slice_us
+        self.latency_slice_us = (None if latency_slice_us is None
+                                 else check_slice(latency_slice_us))
         """For engines that share CPUs with other engines of the pod (Linux 6.12+): the
         engine's loop thread asks for this scheduling slice, and yields the CPU once right
-        after a doorbell notice, so that every engine woken by the same write sets its
-        ``shutdown_event`` before any starts its hand-back work (see ``_scheduling``). None
-        (the default): the engine's scheduling is left alone."""
+        after a doorbell notice, so that the engines woken by the same write set their
+        ``shutdown_event`` without waiting for each other's hand-back work (see
+        ``_scheduling``). None (the default): the engine's scheduling is left alone."""
         self.latency_slice_set: bool | None = None
         """Whether the kernel took the slice (None until tried)."""
         self.handoff_ack: Ack = handoff_ack
@@ -451,7 +449,7 @@ class WorkerClient:
         if self.latency_slice_us is not None:
             # Every engine of the pod woke at this same write: let those not yet run set
             # their events before this one starts handing its requests back.
-            yield_cpu()
+            os.sched_yield()
 
     def _close_doorbell(self) -> None:
         bell, loop = self._doorbell, self._loop
