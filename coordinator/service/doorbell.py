@@ -82,10 +82,12 @@ def sweep_stale(directory: Path) -> int:
 
 class Doorbell:
     """The coordinator's end of the pipe. ``ring`` at a drain's start, ``reset`` when it is
-    aborted; both are one non-blocking system call and never raise."""
+    aborted; neither blocks nor raises."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, sweep: bool = False) -> None:
         self.path = path
+        self._sweep = sweep
+        """``auto``: remove the pipes of dead coordinators beside it when opening."""
         self._fd: int | None = None
         self._rung = False
         self.info: DoorbellInfo | None = None
@@ -97,9 +99,7 @@ class Doorbell:
         if value == OFF:
             return None
         if value == AUTO:
-            directory = auto_dir()
-            sweep_stale(directory)
-            return cls(directory / f"{AUTO_PREFIX}{os.getpid()}")
+            return cls(auto_dir() / f"{AUTO_PREFIX}{os.getpid()}", sweep=True)
         return cls(Path(value))
 
     def open(self) -> DoorbellInfo:
@@ -108,6 +108,8 @@ class Doorbell:
         Raises ``OSError`` when the path cannot be made a pipe (something else is there,
         no permission); the coordinator then runs without a doorbell."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self._sweep:
+            sweep_stale(self.path.parent)
         try:
             existing = self.path.lstat()
         except FileNotFoundError:
@@ -128,7 +130,7 @@ class Doorbell:
         return self.info
 
     def ring(self) -> None:
-        """Wake every listener (once per drain)."""
+        """Wake every listener (once per drain), then yield the CPU to them."""
         if self._fd is None or self._rung:
             return
         try:
