@@ -29,7 +29,7 @@ import httpx
 from bench.drain_rig import pct, read_answer, slice_note, start_router, urlsplit_hostport
 from bench.handoff_observer import Observer
 from coordinator.sim.launcher import EngineHandle, start_engine
-from tests.service.servers import FAST, start_coordinator
+from tests.service.servers import FAST, hold_drains, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 
 
@@ -111,10 +111,7 @@ async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path
              for i in range(args.workers)]
     coord_b = start_coordinator(janitor, tmp, *FAST, name="b")
     pod_b = [start_engine(janitor.spawn, tmp / f"b{i}", **knobs) for i in range(2)]
-    holder = janitor.spawn(["sleep", "3600"])
-    with coord_a.client() as client:
-        held = client.post("/workers", json={"pid": holder.pid, "role": "holder"}).json()
-        client.post(f"/workers/{held['id']}/report", json={"inflight": 1})
+    hold_drains(coord_a, janitor.spawn(["sleep", "3600"]).pid)
     wait_for(lambda: sum(w["connected"] for w in coord_a.status()["workers"]) == args.workers,
              what="pod A registered", timeout=120)
     router = start_router(janitor, tmp, pod_a, coord_a, pod_b, coord_b, "continue")

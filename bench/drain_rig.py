@@ -46,7 +46,7 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pod_a: list[EngineHandle],
 
 def slice_note(args: argparse.Namespace) -> str:
     """The scheduling hint the engines ran with, for the report's first line."""
-    us = getattr(args, "latency_slice_us", None)
+    us = args.latency_slice_us
     return "" if us is None else f"; engines' loop slice {us} us + yield at the doorbell"
 
 

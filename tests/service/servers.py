@@ -75,6 +75,17 @@ def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str, token: str
     return Running(proc=proc, url=url, token=token, log=log)
 
 
+def hold_drains(running: Running, pid: int) -> str:
+    """Register ``pid`` as a worker with 1 request in flight: every drain then waits in
+    ``migrating`` (until it reports 0, the drain is aborted, or the migration deadline);
+    returns its id."""
+    worker_id = str(register(running, pid, role="holder")["id"])
+    with running.client() as client:
+        response = client.post(f"/workers/{worker_id}/report", json={"inflight": 1})
+        assert response.status_code == 200, response.text
+    return worker_id
+
+
 def register(running: Running, pid: int, **fields: Any) -> dict[str, Any]:
     """Register ``pid`` as a worker; returns the answer."""
     with running.client() as client:

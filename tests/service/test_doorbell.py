@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.service.doorbell import AUTO_PREFIX, Doorbell, sweep_stale
-from tests.service.servers import FAST, Running, register, start_coordinator
+from tests.service.servers import FAST, Running, hold_drains, register, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 
 
@@ -38,10 +38,7 @@ def test_the_hello_names_the_pipe_rung_at_a_drain_and_taken_back_at_its_abort(
     4. The coordinator exits on SIGTERM: the pipe is gone and a listener sees end-of-file."""
     bell = tmp_path / "run" / "doorbell"
     running = start_coordinator(janitor, tmp_path, *FAST, "--doorbell", str(bell))
-    sleeper = janitor.spawn(["sleep", "600"])
-    worker_id = register(running, sleeper.pid)["id"]
-    with running.client() as client:  # 1 in flight: the drain waits in migrating
-        client.post(f"/workers/{worker_id}/report", json={"inflight": 1})
+    worker_id = hold_drains(running, janitor.spawn(["sleep", "600"]).pid)
     named = _hello(running, worker_id)["doorbell"]
     st = os.stat(bell)
     assert named == {"path": str(bell), "dev": st.st_dev, "ino": st.st_ino}

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import os
 import select
 import signal
 import subprocess
 import sys
+import termios
 from pathlib import Path
 
 import pytest
 
 from coordinator.service.doorbell import Doorbell
-from tests.service.servers import FAST, start_coordinator
+from tests.service.servers import FAST, hold_drains, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 from worker_client._doorbell import DoorbellWatch, _open_verified
 
@@ -43,13 +46,11 @@ def test_the_doorbell_wakes_an_engine_whose_stream_is_stalled(
     relayed = f"http://127.0.0.1:{int(relay.stdout.readline())}"
     child = janitor.spawn([sys.executable, str(CHILD), relayed, "loop", "follow"], cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
-    holder = janitor.spawn(["sleep", "600"])
+    held = hold_drains(coordinator, janitor.spawn(["sleep", "600"]).pid)
     assert child.stdout is not None
     assert child.stdout.readline() == b"registered\n"
     with coordinator.client() as client:
-        held = client.post("/workers", json={"pid": holder.pid, "role": "holder"}).json()
-        client.post(f"/workers/{held['id']}/report", json={"inflight": 1})
-        for _ in range(2):
+        for round_ in range(2):
             # The engine opens the pipe when it reads the hello that names it, and watches
             # it again when it reads the abort.
             wait_for(lambda: _holds(child.pid, bell), what="the engine holding the doorbell")
@@ -61,10 +62,10 @@ def test_the_doorbell_wakes_an_engine_whose_stream_is_stalled(
             finally:
                 os.kill(relay.pid, signal.SIGCONT)
             assert child.stdout.readline() == b"deadline-known\n"
-            if _ == 0:
+            if round_ == 0:
                 assert client.delete("/drain").status_code == 200
                 assert child.stdout.readline() == b"aborted\n"
-        client.post(f"/workers/{held['id']}/report", json={"inflight": 0})
+        client.post(f"/workers/{held}/report", json={"inflight": 0})
         assert client.get("/drain").json()["phase"] == "done"
     assert child.wait(timeout=30) == -signal.SIGTERM
 
@@ -86,6 +87,13 @@ def _readable(fd: int) -> bool:
     return bool(select.select([fd], [], [], 0)[0])
 
 
+def _pending(fd: int) -> int:
+    """Bytes waiting in the pipe, without reading them."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
 async def _until(condition: asyncio.Event) -> None:
     await asyncio.wait_for(condition.wait(), 30)
 
@@ -94,7 +102,7 @@ def test_a_watch_fires_once_per_ring_and_again_after_a_reset(tmp_path: Path) -> 
     """1. A coordinator's doorbell and a watch on an asyncio loop, in this process.
     2. Ring: the watch calls back once and stops watching (nobody reads the byte: it stays
        for the other workers).
-    3. Ring again without a reset (the same drain): nothing more to see.
+    3. Ring again without a reset (the same drain): still the one byte in the pipe.
     4. Reset (the drain was aborted): the pipe is empty; the watch is re-armed.
     5. Ring (a new drain): the watch calls back again."""
     bell = Doorbell(tmp_path / "doorbell")
@@ -122,7 +130,7 @@ def test_a_watch_fires_once_per_ring_and_again_after_a_reset(tmp_path: Path) -> 
         bell.ring()  # same drain: no second byte
         fd = os.open(bell.path, os.O_RDONLY | os.O_NONBLOCK)
         try:
-            assert _readable(fd)
+            assert _pending(fd) == 1
             bell.reset()
             assert not _readable(fd)
             watch.rearm()
