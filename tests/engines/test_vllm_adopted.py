@@ -57,6 +57,24 @@ def drain(coordinator: Coordinator, tmp_path: Path, name: str) -> dict[str, Any]
     return summary
 
 
+def assert_tiered_graceful_stop(summary: dict[str, Any], vllm: Vllm,
+                                before: dict[int, str]) -> None:
+    """The drain is done; every process of the tree it started with exited after SIGTERM,
+    EngineCore in its declared tier, the API server with 0; vLLM logged no escalation and no
+    process of the tree is left."""
+    report = summary["processes"]
+    processes = {p["pid"]: p for p in report}
+    assert summary["phase"] == "done"
+    assert set(before) <= set(processes), (before, report)
+    assert {p["fate"] for p in report} == {"exited"}, report
+    engine_core = next(p for p in report if p["name"].startswith("VLLM::EngineCor"))
+    assert engine_core["tier"] == "engine-core", report
+    assert vllm.proc.wait(timeout=30) == 0
+    assert processes[vllm.proc.pid]["exit_code"] == 0
+    assert escalations(vllm) == []
+    assert alive(list(before)) == []
+
+
 def escalations(vllm: Vllm) -> list[str]:
     return [line for line in vllm.log.read_text(errors="replace").splitlines()
             if any(marker in line for marker in ESCALATIONS)]
@@ -137,18 +155,7 @@ def test_unmodified_vllm_registered_with_its_tiers_stops_without_escalation(
     workers = coordinator.status()["workers"]
     assert [w["pid"] for w in workers] == [vllm.proc.pid]
 
-    summary = drain(coordinator, tmp_path, "vllm-tiered")
-    report = summary["processes"]
-    processes = {p["pid"]: p for p in report}
-    assert summary["phase"] == "done"
-    assert set(before) <= set(processes), (before, report)
-    assert {p["fate"] for p in report} == {"exited"}, report
-    engine_core = next(p for p in report if p["name"].startswith("VLLM::EngineCor"))
-    assert engine_core["tier"] == "engine-core"
-    assert vllm.proc.wait(timeout=30) == 0
-    assert processes[vllm.proc.pid]["exit_code"] == 0
-    assert escalations(vllm) == []
-    assert alive(list(before)) == []
+    assert_tiered_graceful_stop(drain(coordinator, tmp_path, "vllm-tiered"), vllm, before)
 
 
 def test_unmodified_vllm_adopted_with_its_tiers_stops_without_escalation(
@@ -183,15 +190,5 @@ def test_unmodified_vllm_adopted_with_its_tiers_stops_without_escalation(
         timeout=60, what="the coordinator lists the whole vLLM tree",
     )
 
-    summary = drain(coordinator, tmp_path, "vllm-adopted-tiered")
-    report = summary["processes"]
-    processes = {p["pid"]: p for p in report}
-    assert summary["phase"] == "done"
-    assert set(before) <= set(processes), (before, report)
-    assert {p["fate"] for p in report} == {"exited"}, report
-    engine_core = next(p for p in report if p["name"].startswith("VLLM::EngineCor"))
-    assert engine_core["tier"] == "engine-core", report
-    assert vllm.proc.wait(timeout=30) == 0
-    assert processes[vllm.proc.pid]["exit_code"] == 0
-    assert escalations(vllm) == []
-    assert alive(list(before)) == []
+    assert_tiered_graceful_stop(drain(coordinator, tmp_path, "vllm-adopted-tiered"), vllm,
+                                before)
