@@ -51,19 +51,27 @@ class Stream:
                               headers={"X-Request-Id": self.request_id}) as response:
                 response.raise_for_status()
                 self.started.set()
-                for line in response.iter_lines():
-                    if not line.startswith("data: "):
-                        continue
-                    data = line.removeprefix("data: ")
-                    if data == "[DONE]":
-                        self.done = True
-                        continue
-                    self.events.append(json.loads(data))
+                # Bytes only while the stream runs: parsing each event here would hold the
+                # GIL against the test thread's drain call (see _drain_now).
+                raw = b"".join(response.iter_bytes())
+            for line in raw.decode().splitlines():
+                if not line.startswith("data: "):
+                    continue
+                data = line.removeprefix("data: ")
+                if data == "[DONE]":
+                    self.done = True
+                    continue
+                self.events.append(json.loads(data))
         except BaseException as exc:  # reported by the test thread
             self.error = exc
         finally:
             self.started.set()
             self.ended.set()
+
+
+def _drain_now(client: httpx.Client) -> None:
+    """POST /drain (no wait) on ``client``'s open keep-alive connection."""
+    assert client.post("/drain", json={"wait": False, "reason": "test"}).status_code == 202
 
 
 def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
@@ -88,13 +96,17 @@ def test_a_drain_hands_the_vllm_stream_back_and_stops_the_tree_in_vllms_order(
              timeout=60, what="the server registered")
     before = tree(vllm.proc.pid)
 
-    stream = Stream(vllm.url, "rid-drain-1")
-    reader = threading.Thread(target=stream.run, daemon=True)
-    reader.start()
-    assert stream.started.wait(120), "the response did not start"
-    assert stream.error is None, stream.error
-    with coordinator.client() as client:
-        assert client.post("/drain", json={"wait": False, "reason": "test"}).status_code == 202
+    # Connected before the stream starts: with the stream's reader thread busy in this
+    # process, every GIL hand-off of the drain call can wait 5 ms (the switch interval); a
+    # fresh client (TLS context, connect) once took 12 s, longer than the whole generation.
+    with coordinator.client() as drainer:
+        assert drainer.get("/healthz").status_code == 200
+        stream = Stream(vllm.url, "rid-drain-1")
+        reader = threading.Thread(target=stream.run, daemon=True)
+        reader.start()
+        assert stream.started.wait(120), "the response did not start"
+        assert stream.error is None, stream.error
+        _drain_now(drainer)
     assert stream.ended.wait(60), "the stream did not end"
     assert stream.error is None, stream.error
 
