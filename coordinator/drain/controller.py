@@ -44,7 +44,7 @@ from coordinator.drain.budget import (
     split_budget,
 )
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.phases import IllegalTransition, Phase, PhaseMachine
+from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachine
 from coordinator.errors import DrainConflict, RefusedTarget
 from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import Fate, KillReport, ProcessOutcome
@@ -273,6 +273,18 @@ class DrainController:
                  remaining(drain.deadlines.deadline_at, self.clock()))
         self.fleet.drain_started(drain)
         self._launch()
+
+    def new_cycle(self, note: str) -> DrainRecord | None:
+        """End the cycle of a drain that is done: back to ``serving``, the drain kept as
+        ``last`` (``IllegalTransition`` in any other phase). Returns the finished drain."""
+        self.machine.advance(Phase.SERVING, note=note, move=Move.NEW_CYCLE)
+        finished, self.drain = self.drain, None
+        if finished is not None:
+            self.last = finished
+        if self._expiry is not None:  # the finished drain's budget no longer matters
+            self._expiry.cancel()
+            self._expiry = None
+        return finished
 
     async def wait(self, timeout_s: float) -> bool:
         """Wait until the current drain ends (done or aborted); False on timeout."""

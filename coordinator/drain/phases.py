@@ -1,8 +1,15 @@
 """The drain state machine: phases, the one transition table, and the timeline.
 
     serving ──► draining ──► migrating ──► terminating ──► done
-       ▲           │             │
-       └───────────┴─────────────┘   abort (DELETE /drain), only before terminating
+       ▲           │             │                           │
+       ├───────────┴─────────────┘   abort (DELETE /drain),  │
+       │                             only before terminating │
+       └─────────────────────────────────────────────────────┘   new cycle
+
+A finished drain ends a cycle: ``done`` goes back to ``serving`` when a new engine registers,
+or when a restarted coordinator finds the drain's processes gone. That move is ``explicit``:
+only a caller naming it (``advance(SERVING, move=Move.NEW_CYCLE)``) takes it, so a plain
+``advance(SERVING)`` (the abort) is still refused once the drain is done.
 
 Every transition is timestamped into the timeline and bumps ``generation``, the counter
 routers compare to learn that ``/status`` changed.
@@ -34,21 +41,38 @@ class Phase(enum.StrEnum):
     """Every registered process is gone; the summary is final."""
 
 
-TRANSITIONS: dict[Phase, frozenset[Phase]] = {
-    Phase.SERVING: frozenset({Phase.DRAINING}),
-    Phase.DRAINING: frozenset({Phase.MIGRATING, Phase.SERVING}),
-    Phase.MIGRATING: frozenset({Phase.TERMINATING, Phase.SERVING}),
-    Phase.TERMINATING: frozenset({Phase.DONE}),
-    Phase.DONE: frozenset(),
+class Move(enum.StrEnum):
+    """What a transition means (the timeline's notes say why it happened)."""
+
+    START = "start"
+    MIGRATE = "migrate"
+    TERMINATE = "terminate"
+    FINISH = "finish"
+    ABORT = "abort"
+    NEW_CYCLE = "new cycle"
+
+    @property
+    def explicit(self) -> bool:
+        """Taken only by a caller that names it: ``advance(..., move=self)``."""
+        return self is Move.NEW_CYCLE
+
+
+TRANSITIONS: dict[Phase, dict[Phase, Move]] = {
+    Phase.SERVING: {Phase.DRAINING: Move.START},
+    Phase.DRAINING: {Phase.MIGRATING: Move.MIGRATE, Phase.SERVING: Move.ABORT},
+    Phase.MIGRATING: {Phase.TERMINATING: Move.TERMINATE, Phase.SERVING: Move.ABORT},
+    Phase.TERMINATING: {Phase.DONE: Move.FINISH},
+    Phase.DONE: {Phase.SERVING: Move.NEW_CYCLE},
 }
-"""The only legal moves. Going back to ``serving`` is the abort."""
+"""The only legal moves, each with its meaning. Going back to ``serving`` before
+``terminating`` is the abort; from ``done`` it is the next cycle."""
 
 _REFUSALS: dict[Phase, str] = {
     Phase.SERVING: "no drain is running",
     Phase.DRAINING: "the drain has just started",
     Phase.MIGRATING: "the drain is migrating requests",
     Phase.TERMINATING: "the drain is terminating processes and can no longer be aborted",
-    Phase.DONE: "the drain is done; the coordinator will not serve again",
+    Phase.DONE: "the drain is done; the next cycle starts when a new worker registers",
 }
 
 
@@ -59,6 +83,17 @@ class IllegalTransition(DrainConflict):
         super().__init__(f"cannot go from {current} to {wanted}: {_REFUSALS[current]}")
         self.current = current
         self.wanted = wanted
+
+
+def allowed(current: Phase, wanted: Phase, move: Move | None = None) -> bool:
+    """Whether the table lets ``current`` go to ``wanted``: an explicit move only when
+    ``move`` names it, and a named ``move`` only when it is the table's move for the pair."""
+    found = TRANSITIONS[current].get(wanted)
+    if found is None:
+        return False
+    if move is not None:
+        return found is move
+    return not found.explicit
 
 
 @dataclass(frozen=True)
@@ -100,13 +135,15 @@ class PhaseMachine:
         self.generation = 1
         self.timeline: list[Transition] = [Transition(Phase.SERVING, clock(), 1, "started")]
 
-    def can(self, wanted: Phase) -> bool:
-        """Whether ``wanted`` is a legal next phase."""
-        return wanted in TRANSITIONS[self.phase]
+    def can(self, wanted: Phase, move: Move | None = None) -> bool:
+        """Whether ``wanted`` is a legal next phase (see ``allowed``)."""
+        return allowed(self.phase, wanted, move)
 
-    def advance(self, wanted: Phase, note: str = "") -> Transition:
-        """Move to ``wanted`` or raise ``IllegalTransition``; timestamp it and bump."""
-        if not self.can(wanted):
+    def advance(self, wanted: Phase, note: str = "", *, move: Move | None = None) -> Transition:
+        """Move to ``wanted`` or raise ``IllegalTransition``; timestamp it and bump.
+
+        ``move`` names the transition; it is needed for an explicit one (the new cycle)."""
+        if not self.can(wanted, move):
             raise IllegalTransition(self.phase, wanted)
         self.phase = wanted
         self.generation += 1
