@@ -18,6 +18,7 @@ tier being waited on is SIGKILLed at once and every later sweep is in force mode
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import time
 from collections.abc import Iterable, Sequence
@@ -27,6 +28,8 @@ from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import KillReport
 from coordinator.kill.table import OnUpdate, PriorOutcomes, ProcessTable, Tracked
 from coordinator.kill.watch import ExitWatcher
+
+log = logging.getLogger(__name__)
 
 MIN_CONFIRM_S = 0.05
 """A SIGKILLed process still needs a moment to die; even past the deadline we give it this
@@ -126,6 +129,10 @@ class KillRun:
         self._escalated = asyncio.Event()
         self.deadline_at = time.monotonic() + policy.deadline_s
         self.reserve_s = tiers.confirm_reserve(policy.deadline_s, policy.confirm_s)
+        self.last_reserve_s: float | None = None
+        """Seconds the last tier keeps, fixed by the first plan (``tiers.last_tier_reserve_s``)."""
+        self._kept_s = 0.0
+        """What the tiers after the current one keep (cuts its SIGKILL confirmation too)."""
 
     def escalate(self) -> None:
         """Switch to force mode now: what is waited on and everything after gets SIGKILL."""
@@ -152,7 +159,7 @@ class KillRun:
         try:
             # Step 2: enumerate, open pidfds, verify identity.
             self.table.add_roots()
-            self.table.discover()
+            self._discover()
             # Step 3: continue the tiers a previous run had started.
             await self._resume_prior()
             await self._run_tiers()
@@ -171,9 +178,10 @@ class KillRun:
             pending = self.table.unsignalled()
             if not pending:
                 # Step 7: done only when a fresh enumeration finds nothing new either.
-                if not self.table.discover():
+                if not self._discover():
                     return
                 continue
+            self._kept_s = 0.0
             if self.force:
                 await self._kill(pending, "force", "force mode: SIGKILL only")
             elif time.monotonic() >= self.deadline_at:
@@ -182,9 +190,26 @@ class KillRun:
                 if sweeps_past_deadline >= MAX_SWEEPS_PAST_DEADLINE:
                     return
             else:
-                # Step 4: the first tier of what is left.
-                await self._run_tier(self._plan(pending)[0])
-            self.table.discover()
+                # Step 4: the first tier of what is left; the later ones keep their share.
+                plan = self._plan(pending)
+                if self.last_reserve_s is None:
+                    self.last_reserve_s = tiers.last_tier_reserve_s(
+                        usable_s=self.policy.deadline_s - self.reserve_s,
+                        last_timeout_s=plan[-1].timeout_s)
+                await self._run_tier(plan[0], [t.timeout_s for t in plan[1:]])
+            self._discover()
+
+    def _discover(self) -> list[int]:
+        """One discovery pass; a failing pass (out of file descriptors, an unreadable
+        ``/proc``) is noted and the kill goes on with the processes already known."""
+        try:
+            return self.table.discover()
+        except Exception as exc:
+            log.exception("process discovery failed")
+            note = f"process discovery failed ({type(exc).__name__}: {exc})"
+            if note not in self.report.notes:
+                self.report.notes.append(note)
+            return []
 
     def _plan(self, members: Iterable[Tracked]) -> list[tiers.PlannedTier]:
         specs = {t.pid: (*t.tiers, *self.policy.extra_tiers) for t in self.targets}
@@ -195,16 +220,22 @@ class KillRun:
             default_timeout_s=self.policy.tier_timeout_s,
         )
 
-    async def _run_tier(self, tier: tiers.PlannedTier) -> None:
+    async def _run_tier(self, tier: tiers.PlannedTier, later_timeouts: list[float]) -> None:
         members = [self.table.live[pid] for pid in tier.pids]
         now = time.monotonic()
-        wait_s = tiers.graceful_wait_s(
+        last_reserve_s = self.last_reserve_s or 0.0
+        wait_s = tiers.allotted_wait_s(
             now=now,
             tier_started_at=now,
             timeout_s=tier.timeout_s,
             deadline_at=self.deadline_at,
             reserve_s=self.reserve_s,
+            later_timeouts=later_timeouts,
+            last_reserve_s=last_reserve_s,
         )
+        self._kept_s = tiers.kept_for_later_s(
+            left_s=self.deadline_at - self.reserve_s - now, later_timeouts=later_timeouts,
+            last_reserve_s=last_reserve_s)
         if wait_s <= 0:
             await self._kill(members, tier.name, "no time left for a graceful exit")
             return
@@ -241,7 +272,8 @@ class KillRun:
         for t in members:
             self.table.sigkill(t, tier, why)
         confirm_s = tiers.confirm_wait_s(
-            now=time.monotonic(), deadline_at=self.deadline_at, confirm_s=self.policy.confirm_s
+            now=time.monotonic(), deadline_at=self.deadline_at, confirm_s=self.policy.confirm_s,
+            kept_s=self._kept_s,
         )
         await self.watcher.wait({t.outcome.pid for t in members}, max(confirm_s, MIN_CONFIRM_S))
 
@@ -263,7 +295,7 @@ class KillRun:
                 continue
             first = min(t.outcome.signalled_at or time.time() for t in waiting)
             now = time.monotonic()
-            wait_s = tiers.graceful_wait_s(
+            wait_s = tiers.allotted_wait_s(
                 now=now,
                 tier_started_at=now - (time.time() - first),
                 timeout_s=tier.timeout_s,

@@ -179,9 +179,14 @@ def send_signal(fd: int, sig: int) -> bool:
 
 
 def has_exited(fd: int) -> bool:
-    """True once the process behind ``fd`` has exited (zombie or reaped)."""
-    readable, _, _ = select.select([fd], [], [], 0)
-    return bool(readable)
+    """True once the process behind ``fd`` has exited (zombie or reaped).
+
+    ``poll``, not ``select``: ``select`` refuses fd numbers of 1024 and above, which a pod of
+    a thousand processes (or a caller holding a thousand connections) reaches.
+    """
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def child_exit_code(fd: int, *, by_pid: bool = False) -> int | None:

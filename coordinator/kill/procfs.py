@@ -9,6 +9,7 @@ between tiers while hundreds of processes are shutting down.
 
 from __future__ import annotations
 
+import errno
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -91,8 +92,11 @@ def read_stat(pid: int) -> ProcStat | None:
             text = f.read()
     except (FileNotFoundError, ProcessLookupError):
         return None
-    except OSError:
-        # ESRCH while the process is being torn down reads as "gone" as well.
+    except OSError as exc:
+        # ESRCH while the process is being torn down reads as "gone" as well; running out
+        # of file descriptors says nothing about the process and must not read as "gone".
+        if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+            raise
         return None
     return parse_stat(text)
 
@@ -106,6 +110,20 @@ def start_time(pid: int) -> float | None:
 def same_start(a: float, b: float) -> bool:
     """True when two start times denote the same process creation."""
     return abs(a - b) < START_TIME_TOLERANCE_S
+
+
+def thread_group(pid: int) -> int | None:
+    """The thread-group id (the process) ``pid`` belongs to; ``pid`` itself for a process,
+    another PID when ``pid`` is a thread id, None when gone. ``/proc/<tid>`` answers for
+    threads although ``/proc`` does not list them."""
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def cmdline(pid: int) -> str:

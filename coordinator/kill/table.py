@@ -7,6 +7,7 @@ through that pidfd, so a PID recycled in the meantime is never signalled.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -219,8 +220,38 @@ class ProcessTable:
         expected_start: float | None = None,
         expected_ticks: int | None = None,
     ) -> Tracked | None:
-        """Open a pidfd, then verify identity; track the process or report it ``gone``."""
-        fd, found = self._open(pid)
+        """Open a pidfd, then verify identity; track the process or report it ``gone``.
+
+        A failure on this one process (an error nobody foresaw included) is recorded on its
+        outcome and never reaches the caller: the kill goes on with every other process.
+        """
+        try:
+            return self._admit_one(pid, member, boot=boot, expected_start=expected_start,
+                                   expected_ticks=expected_ticks)
+        except Exception as exc:
+            log.exception("could not track pid %s", pid)
+            self._unreachable(pid, member, f"could not be tracked ({type(exc).__name__}: "
+                              f"{exc}): not signalled")
+            return None
+
+    def _admit_one(
+        self,
+        pid: int,
+        member: Member,
+        *,
+        boot: float,
+        expected_start: float | None,
+        expected_ticks: int | None,
+    ) -> Tracked | None:
+        # Only a root can be a thread id: a /proc scan lists thread-group leaders alone.
+        tgid = procfs.thread_group(pid) if expected_ticks is None else pid
+        if tgid is not None and tgid != pid:
+            # /proc/<tid> exists, but a thread is not a process: signalling it would reach
+            # its whole thread group, a process nobody registered.
+            self._unreachable(pid, member, f"PID {pid} is a thread of process {tgid}, not a "
+                              "process: left alone")
+            return None
+        fd, found, open_error = self._open(pid)
         stat = procfs.read_stat(pid)
         if stat is None or not found:
             self._close(fd)
@@ -259,6 +290,8 @@ class ProcessTable:
             self._close(fd)
             self._record(outcome)
             return None
+        if open_error:
+            outcome.detail = open_error
         tracked = Tracked(outcome, member, stat.start_ticks, stat.pgid, fd)
         self._apply_prior(tracked)
         self.live[pid] = tracked
@@ -266,22 +299,25 @@ class ProcessTable:
         self._watch(tracked)
         return tracked
 
-    def _open(self, pid: int) -> tuple[int | None, bool]:
-        """A pidfd for ``pid`` (None without pidfds) and whether the process exists."""
+    def _open(self, pid: int) -> tuple[int | None, bool, str]:
+        """A pidfd for ``pid`` (None without pidfds), whether the process exists, and why
+        it is polled instead when ``pidfd_open`` failed for another reason."""
         if not self.use_pidfd:
-            return None, True
+            return None, True, ""
         try:
-            return os.pidfd_open(pid), True
+            return os.pidfd_open(pid), True, ""
         except ProcessLookupError:
-            return None, False
+            return None, False, ""
         except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
-            # Out of file descriptors: this process is watched by polling instead.
-            note = "file descriptor limit reached: some processes are polled, not pidfd-watched"
+            if exc.errno in (errno.EMFILE, errno.ENFILE):
+                note = ("file descriptor limit reached: some processes are polled, "
+                        "not pidfd-watched")
+            else:
+                note = f"pidfd_open failed ({os.strerror(exc.errno or 0)})"
+            # The process is still ours to stop: signalled by PID, its exit found by polling.
             if note not in self.notes:
                 self.notes.append(note)
-            return None, True
+            return None, True, f"{note}: signalled by PID and polled"
 
     def _apply_prior(self, tracked: Tracked) -> None:
         """A restarted coordinator: keep what the previous run already did to this process."""
@@ -297,6 +333,21 @@ class ProcessTable:
             if before.role and not now.role:
                 now.role = before.role
             return
+
+    def _unreachable(self, pid: int, member: Member, why: str) -> None:
+        """A process the kill cannot act on: reported ``survived`` (it may well be running),
+        so the outcome cannot read as graceful."""
+        self._record(
+            ProcessOutcome(
+                pid=pid,
+                name=member.name,
+                root_pid=member.root_pid,
+                depth=member.depth,
+                role=member.role,
+                fate=Fate.SURVIVED,
+                detail=why,
+            )
+        )
 
     def _gone(self, pid: int, member: Member, start: float | None, why: str) -> None:
         self._record(
@@ -315,18 +366,26 @@ class ProcessTable:
     # --- acting on processes -------------------------------------------------------------
 
     def send(self, t: Tracked, sig: int) -> bool:
-        """Signal a tracked process through its pidfd; False when it already exited."""
+        """Signal a tracked process through its pidfd; False when it already exited or the
+        signal could not be sent (the reason is recorded on the process, never raised)."""
         if t.exited:
             return False
-        if t.fd is not None:
-            return pidfd.send_signal(t.fd, sig)
-        # Polling fallback: the start-time check narrows, but cannot close, the reuse race.
-        stat = procfs.read_stat(t.outcome.pid)
-        if stat is None or stat.zombie or stat.start_ticks != t.start_ticks:
-            return False
         try:
+            if t.fd is not None:
+                return pidfd.send_signal(t.fd, sig)
+            # Polling fallback: the start-time check narrows, but cannot close, the reuse
+            # race.
+            stat = procfs.read_stat(t.outcome.pid)
+            if stat is None or stat.zombie or stat.start_ticks != t.start_ticks:
+                return False
             os.kill(t.outcome.pid, sig)
         except ProcessLookupError:
+            return False
+        except OSError as exc:
+            name = signal.Signals(sig).name
+            why = f"{name} could not be sent: {os.strerror(exc.errno or 0)}"
+            log.error("pid %s: %s", t.outcome.pid, why)
+            t.outcome.detail = f"{t.outcome.detail}; {why}" if t.outcome.detail else why
             return False
         return True
 
@@ -369,9 +428,18 @@ class ProcessTable:
             out.fate = Fate.EXITED
             if first_signal is None:
                 out.detail = "exited before it was signalled"
+            else:
+                out.detail = death_detail(out) or out.detail
         self.publish(out)
 
     def _exit_code(self, fd: int | None, pid: int, start_ticks: int) -> int | None:
+        try:
+            return self._read_exit_code(fd, pid, start_ticks)
+        except OSError:
+            log.exception("could not read the exit code of pid %s", pid)
+            return None
+
+    def _read_exit_code(self, fd: int | None, pid: int, start_ticks: int) -> int | None:
         if fd is not None:
             return pidfd.exit_code(fd, pid, start_ticks)
         code = pidfd.child_exit_code(pid, by_pid=True)
@@ -395,7 +463,8 @@ class ProcessTable:
         for t in self.live.values():
             out = t.outcome
             if t.exited and out.exit_code is None and t.fd is not None:
-                out.exit_code = pidfd.exit_code(t.fd, out.pid, t.start_ticks)
+                out.exit_code = self._exit_code(t.fd, out.pid, t.start_ticks)
+                out.detail = death_detail(out) or out.detail
             if not t.exited:
                 out.fate = Fate.SURVIVED
                 out.detail = out.detail or "still running at the deadline"
@@ -433,4 +502,21 @@ class ProcessTable:
     @staticmethod
     def _close(fd: int | None) -> None:
         if fd is not None:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def death_detail(out: ProcessOutcome) -> str:
+    """Why an exit after the graceful signal is not a clean one, or ``""`` when it is."""
+    code = out.exit_code
+    if code is None or code == 0:
+        return ""
+    if code > 0:
+        return f"exited with code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if out.signal == name and out.killed_at is None:
+        return f"died of {name}'s default action: no handler ran, so no cleanup"
+    return f"died of {name}"

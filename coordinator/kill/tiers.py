@@ -147,25 +147,63 @@ def confirm_reserve(deadline_s: float, confirm_s: float) -> float:
     return max(0.0, min(confirm_s, deadline_s / 5))
 
 
-def graceful_wait_s(
+LAST_TIER_SHARE = 0.5
+"""Share of the kill's usable time (its deadline less the SIGKILL reserve) the last tier keeps
+for itself, never more than its own timeout. The last tier holds the registered main
+processes, whose exit code is the container's: a stubborn child earlier in the order must not
+take the time the main process needs to get its graceful signal and exit 0."""
+
+
+def last_tier_reserve_s(*, usable_s: float, last_timeout_s: float) -> float:
+    """Seconds set aside for the last tier when the kill starts (fixed for the whole kill, so
+    it does not shrink as the tiers before it use their time)."""
+    return max(0.0, min(last_timeout_s, LAST_TIER_SHARE * usable_s))
+
+
+def kept_for_later_s(
+    *, left_s: float, later_timeouts: Sequence[float], last_reserve_s: float
+) -> float:
+    """Seconds of ``left_s`` the current tier must leave to the tiers after it.
+
+    The last of ``later_timeouts`` keeps ``last_reserve_s``; the others between share what
+    remains fairly with the current tier (each keeps at most its own timeout), so every tier
+    still gets its graceful signal and a wait.
+    """
+    if not later_timeouts:
+        return 0.0
+    *between, _last = later_timeouts
+    available = max(0.0, left_s - last_reserve_s)
+    share = available / (len(between) + 1)
+    return last_reserve_s + sum(min(t, share) for t in between)
+
+
+def allotted_wait_s(
     *,
     now: float,
     tier_started_at: float,
     timeout_s: float,
     deadline_at: float,
     reserve_s: float,
+    later_timeouts: Sequence[float] = (),
+    last_reserve_s: float = 0.0,
 ) -> float:
-    """How long a tier may still wait for graceful exits before SIGKILL.
+    """How long the current tier may wait for graceful exits before SIGKILL.
 
-    The tier's timeout counts from ``tier_started_at`` (which may lie in the past, when a
-    restarted coordinator resumes a tier), and is cut to what is left of the overall deadline
-    minus the reserve for SIGKILL and its confirmation. Never negative.
+    Its own timeout (counted from ``tier_started_at``), cut to what is left of the deadline
+    once the SIGKILL reserve and what the later tiers keep (``kept_for_later_s``) are taken
+    out. The last tier (no ``later_timeouts``) gets everything that is left. Never negative.
     """
+    left = deadline_at - reserve_s - now
+    kept = kept_for_later_s(left_s=left, later_timeouts=later_timeouts,
+                            last_reserve_s=last_reserve_s)
     tier_left = tier_started_at + timeout_s - now
-    budget_left = deadline_at - reserve_s - now
-    return max(0.0, min(tier_left, budget_left))
+    return max(0.0, min(tier_left, left - kept))
 
 
-def confirm_wait_s(*, now: float, deadline_at: float, confirm_s: float) -> float:
-    """How long to wait for SIGKILLed processes to vanish: ``confirm_s``, cut to the deadline."""
-    return max(0.0, min(confirm_s, deadline_at - now))
+def confirm_wait_s(
+    *, now: float, deadline_at: float, confirm_s: float, kept_s: float = 0.0
+) -> float:
+    """How long to wait for SIGKILLed processes to vanish: ``confirm_s``, cut to the deadline
+    less ``kept_s`` (what the later tiers keep, so a process stuck in the kernel cannot take
+    their time)."""
+    return max(0.0, min(confirm_s, deadline_at - kept_s - now))

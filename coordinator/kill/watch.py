@@ -9,10 +9,13 @@ nothing while they live. Without pidfds, ``/proc`` is polled instead, and the re
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from coordinator.kill import procfs
+
+log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.01
 """Fallback polling period (no pidfds): exits are seen within ~10 ms at ~1 /proc read per
@@ -43,12 +46,16 @@ class ExitWatcher:
     def watch(self, pid: int, fd: int | None, start_ticks: int) -> None:
         """Start watching ``pid`` (through ``fd`` when pidfds are used)."""
         if self._use_pidfd and fd is not None:
-            self._fds[pid] = fd
-            self._loop.add_reader(fd, self._fire, pid)
-        else:
-            self._polled[pid] = start_ticks
-            if self._poller is None:
-                self._poller = self._loop.create_task(self._poll())
+            try:
+                self._loop.add_reader(fd, self._fire, pid)
+            except (OSError, ValueError):
+                log.exception("cannot watch the pidfd of pid %s: polling it instead", pid)
+            else:
+                self._fds[pid] = fd
+                return
+        self._polled[pid] = start_ticks
+        if self._poller is None:
+            self._poller = self._loop.create_task(self._poll())
 
     def _fire(self, pid: int) -> None:
         fd = self._fds.pop(pid, None)
@@ -67,7 +74,10 @@ class ExitWatcher:
     async def _poll(self) -> None:
         while True:
             for pid, ticks in list(self._polled.items()):
-                stat = procfs.read_stat(pid)
+                try:
+                    stat = procfs.read_stat(pid)
+                except OSError:
+                    continue  # out of file descriptors: look again next period
                 if stat is None or stat.zombie or stat.start_ticks != ticks:
                     self._fire(pid)
             await asyncio.sleep(POLL_INTERVAL_S)

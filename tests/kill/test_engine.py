@@ -102,13 +102,19 @@ async def test_a_deadline_shorter_than_the_tier_timeout_cuts_the_wait(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
     """1. a SIGTERM-ignoring child, tier timeout 300 s but deadline 2 s; 2. terminate;
-    3. the kill ends with the child killed and the root exited: it did not wait 300 s."""
+    3. the kill ends with the child killed: it did not wait 300 s; 4. the root still got
+    its SIGTERM and the time it needed (the last tier's reserve): it ran its cleanup and
+    exited 0, by its own record and by its exit status."""
     tree = start_tree(janitor, {"children": [{"role": "stubborn", "ignore_term": True}]},
                       tmp_path)
     report = await terminate([Target(tree.pid)], KillPolicy(tier_timeout_s=300, deadline_s=2))
     outcomes = by_pid(report.processes)
+    assert len(outcomes) == 2
     assert outcomes[tree.pids("stubborn")[0]].fate is Fate.KILLED
-    assert outcomes[tree.pid].fate is Fate.KILLED  # no graceful time was left for the root
+    root = outcomes[tree.pid]
+    assert (root.fate, root.signal, root.killed_at) == (Fate.EXITED, "SIGTERM", None), root
+    assert tree.root.wait(timeout=30) == 0
+    assert sorted(tree.markers()) == [tree.pid]
     assert all(not alive(p) for p in tree.pids())
 
 

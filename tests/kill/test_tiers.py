@@ -12,9 +12,11 @@ from coordinator.kill.tiers import (
     ROOTS_TIER,
     Member,
     PlannedTier,
+    allotted_wait_s,
     confirm_reserve,
     confirm_wait_s,
-    graceful_wait_s,
+    kept_for_later_s,
+    last_tier_reserve_s,
     match_tier,
     plan_tiers,
 )
@@ -116,8 +118,65 @@ def test_match_tier_takes_the_first_match() -> None:
 )
 def test_graceful_wait(now: float, started: float, timeout: float, deadline: float,
                        reserve: float, expected: float) -> None:
-    assert graceful_wait_s(now=now, tier_started_at=started, timeout_s=timeout,
+    """The last tier (nothing after it) gets its timeout, cut to what is left."""
+    assert allotted_wait_s(now=now, tier_started_at=started, timeout_s=timeout,
                            deadline_at=deadline, reserve_s=reserve) == pytest.approx(expected)
+
+
+def test_the_last_tier_keeps_half_of_the_usable_time_up_to_its_timeout() -> None:
+    assert last_tier_reserve_s(usable_s=8, last_timeout_s=10) == 4
+    assert last_tier_reserve_s(usable_s=30, last_timeout_s=10) == 10
+    assert last_tier_reserve_s(usable_s=-1, last_timeout_s=10) == 0
+
+
+def test_a_stubborn_tier_leaves_the_main_process_its_reserve() -> None:
+    """The SGLang-shaped case: budget 10 s, confirm reserve 2 s, tiers depth-2, depth-1
+    (with a child that ignores SIGTERM), roots; every tier's timeout is 10 s.
+
+    1. depth-2 starts at 0: it shares what the roots do not keep with depth-1.
+    2. depth-1 starts at 0.1 (depth-2 exited at once) and times out on its stubborn child.
+    3. the roots start once depth-1 is SIGKILLed and still get their reserve.
+    """
+    reserve = last_tier_reserve_s(usable_s=8, last_timeout_s=10)
+    depth2 = allotted_wait_s(now=0, tier_started_at=0, timeout_s=10, deadline_at=10,
+                             reserve_s=2, later_timeouts=[10, 10], last_reserve_s=reserve)
+    assert depth2 == pytest.approx(2)  # (8 - 4) shared by depth-2 and depth-1
+    depth1 = allotted_wait_s(now=0.1, tier_started_at=0.1, timeout_s=10, deadline_at=10,
+                             reserve_s=2, later_timeouts=[10], last_reserve_s=reserve)
+    assert depth1 == pytest.approx(3.9)
+    roots = allotted_wait_s(now=0.1 + depth1, tier_started_at=0.1 + depth1, timeout_s=10,
+                            deadline_at=10, reserve_s=2)
+    assert roots == pytest.approx(reserve)
+
+
+@pytest.mark.parametrize(
+    ("left", "later", "last_reserve", "expected"),
+    [
+        (8, [], 4, 0),  # the last tier keeps nothing back
+        (8, [10], 4, 4),  # only the last tier after this one
+        (8, [10, 10], 4, 6),  # one tier between: half of the 4 s the last does not keep
+        (8, [1, 10], 4, 5),  # a short tier between keeps only its own timeout
+        (8, [10, 10, 10, 10], 4, 7),  # three between: each a quarter of 4 s
+        (3, [10, 10], 4, 4),  # less left than the reserve: the reserve still stands
+    ],
+)
+def test_kept_for_later(left: float, later: list[float], last_reserve: float,
+                        expected: float) -> None:
+    assert kept_for_later_s(left_s=left, later_timeouts=later,
+                            last_reserve_s=last_reserve) == pytest.approx(expected)
+
+
+def test_a_tier_gets_nothing_once_the_last_tiers_reserve_is_all_that_is_left() -> None:
+    assert allotted_wait_s(now=6, tier_started_at=6, timeout_s=10, deadline_at=10,
+                           reserve_s=2, later_timeouts=[10], last_reserve_s=4) == 0
+
+
+def test_every_tier_gets_a_positive_wait_while_time_is_left() -> None:
+    """However many tiers follow, the current one shares fairly: never starved to zero."""
+    for count in range(1, 12):
+        wait = allotted_wait_s(now=0, tier_started_at=0, timeout_s=10, deadline_at=20,
+                               reserve_s=2, later_timeouts=[10] * count, last_reserve_s=9)
+        assert wait > 0
 
 
 def test_confirm_reserve_and_wait() -> None:
@@ -126,6 +185,9 @@ def test_confirm_reserve_and_wait() -> None:
     assert confirm_wait_s(now=0, deadline_at=30, confirm_s=2) == 2
     assert confirm_wait_s(now=29.5, deadline_at=30, confirm_s=2) == 0.5
     assert confirm_wait_s(now=31, deadline_at=30, confirm_s=2) == 0
+    # A tier's SIGKILL confirmation cannot eat what the later tiers keep.
+    assert confirm_wait_s(now=0, deadline_at=30, confirm_s=2, kept_s=29) == 1
+    assert confirm_wait_s(now=0, deadline_at=30, confirm_s=2, kept_s=31) == 0
 
 
 def test_a_tier_that_opts_in_holds_the_root_in_its_place() -> None:
