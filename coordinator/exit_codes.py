@@ -1,7 +1,13 @@
 """Exit codes of the ``shutdown-coordinator`` command, as named constants.
 
 ``serve`` exits ``OK`` after a SIGTERM (once any running drain has ended). ``drain`` maps the
-drain's outcome to one code so a script (or a ``preStop`` exec hook) can tell what happened.
+drain's outcome (``coordinator.drain.outcome``) to one code so a script (or a ``preStop``
+exec hook) can tell what happened: ``OUTCOME_CODES``. 0 means graceful and nothing else; the
+codes of the judged outcomes follow their precedence (most severe first), except 3 and 4,
+which are older than the rest and keep their numbers.
+
+``deploy/kubernetes/base/drain_hook.py`` carries a copy (it must run on the standard library
+alone); ``tests/deploy/test_drain_hook_codes.py`` keeps the two equal.
 """
 
 from __future__ import annotations
@@ -22,12 +28,30 @@ AUTH_FAILED = 7
 """The coordinator refused the token (HTTP 401/403)."""
 REFUSED = 8
 """The coordinator refused the request (another 4xx, e.g. a drain already past abort)."""
+SIGNALLED = 9
+"""A process died by a signal other than its graceful one (its own SIGKILL, SIGSEGV, ...)."""
+FAILED = 10
+"""A process exited non-zero, or a main process did not exit 0."""
+LOST_REQUESTS = 11
+"""Handed-back requests expired unacknowledged: their clients were cut off."""
+ERROR = 12
+"""The drain failed internally; its summary says what is known."""
+UNVERIFIED = 13
+"""Everything else was clean, but a main process's exit code could not be learned."""
+NOTHING_TO_DRAIN = 14
+"""No process was registered or adopted: the drain ended nothing."""
 
 OUTCOME_CODES: dict[str, int] = {
     "graceful": OK,
-    "killed": KILLED,
     "survived": SURVIVED,
-    "timeout": SURVIVED,
+    "killed": KILLED,
+    "signalled": SIGNALLED,
+    "failed": FAILED,
+    "lost_requests": LOST_REQUESTS,
+    "error": ERROR,
+    "unverified": UNVERIFIED,
+    "nothing_to_drain": NOTHING_TO_DRAIN,
     "aborted": ABORTED,
+    "timeout": SURVIVED,
 }
-"""Exit code of ``drain`` for each drain ``outcome`` in the summary."""
+"""Exit code of ``drain`` for each drain ``outcome`` in the summary (an unknown one: 4)."""

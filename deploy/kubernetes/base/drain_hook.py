@@ -38,13 +38,25 @@ ABORTED = 5
 UNREACHABLE = 6
 AUTH_FAILED = 7
 REFUSED = 8
+SIGNALLED = 9
+FAILED = 10
+LOST_REQUESTS = 11
+ERROR = 12
+UNVERIFIED = 13
+NOTHING_TO_DRAIN = 14
 
 OUTCOME_CODES = {
     "graceful": OK,
-    "killed": KILLED,
     "survived": SURVIVED,
-    "timeout": SURVIVED,
+    "killed": KILLED,
+    "signalled": SIGNALLED,
+    "failed": FAILED,
+    "lost_requests": LOST_REQUESTS,
+    "error": ERROR,
+    "unverified": UNVERIFIED,
+    "nothing_to_drain": NOTHING_TO_DRAIN,
     "aborted": ABORTED,
+    "timeout": SURVIVED,
 }
 
 DEFAULT_URL = "http://127.0.0.1:8787"
