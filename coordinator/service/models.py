@@ -1,21 +1,110 @@
-"""Request bodies of the HTTP API, with bounds that turn absurd input into a 422."""
+"""Request bodies of the HTTP API, with bounds that turn absurd or hostile input into a 422.
+
+Every field is bounded: strings by length (pydantic refuses lone surrogates in them),
+lists by count, numbers by range and finite (``NaN``, ``Infinity`` and overflowing literals
+such as ``1e309`` are refused). A handoff's free-form ``detail`` is bounded in nesting depth
+and serialized size and may hold only finite numbers, so whatever a worker stores renders as
+strict JSON in ``/status`` and in the state file.
+"""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import signal
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 MAX_PID = 4_194_304
 """Linux's largest possible ``pid_max``."""
 
+MAX_EPOCH_S = 1e11
+"""Largest epoch time (seconds) a request may carry (year ~5138)."""
+MAX_SECONDS = 86_400
+"""Largest duration (seconds) a request may carry."""
+MAX_COUNT = 1_000_000_000
+"""Largest count (in-flight requests, tokens) a request may carry."""
+MAX_LIST = 10_000
+"""Most handoffs in one report, and request ids in one acknowledgement."""
+
+DETAIL_MAX_DEPTH = 16
+"""Deepest nesting of a handoff's ``detail`` (the object itself is depth 1)."""
+DETAIL_MAX_BYTES = 16_384
+"""Largest serialized size (compact JSON, UTF-8) of a handoff's ``detail``."""
+
+
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError("not valid Unicode (a lone surrogate)") from exc
+    return value
+
+
+def _check_detail(value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+    """Refuse a ``detail`` nested deeper than ``DETAIL_MAX_DEPTH``, larger than
+    ``DETAIL_MAX_BYTES`` serialized, holding a non-finite number or invalid Unicode, or
+    holding anything JSON cannot represent. Walks iteratively: no recursion on hostile
+    depth."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value.encode()) > DETAIL_MAX_BYTES:  # pydantic refused lone surrogates
+            raise ValueError(f"detail is larger than {DETAIL_MAX_BYTES} bytes")
+        return value
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    nodes = 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if nodes > DETAIL_MAX_BYTES:
+            raise ValueError(f"detail is larger than {DETAIL_MAX_BYTES} bytes")
+        if isinstance(node, dict):
+            if depth > DETAIL_MAX_DEPTH:
+                raise ValueError(f"detail nests deeper than {DETAIL_MAX_DEPTH} levels")
+            for key, item in node.items():
+                if not isinstance(key, str):
+                    raise ValueError("detail keys must be strings")
+                _valid_unicode(key)
+                stack.append((item, depth + 1))
+        elif isinstance(node, list):
+            if depth > DETAIL_MAX_DEPTH:
+                raise ValueError(f"detail nests deeper than {DETAIL_MAX_DEPTH} levels")
+            stack.extend((item, depth + 1) for item in node)
+        elif isinstance(node, float):
+            if not math.isfinite(node):
+                raise ValueError("detail holds a number that is not finite (NaN or Infinity)")
+        elif isinstance(node, str):
+            _valid_unicode(node)
+        elif not (node is None or isinstance(node, (bool, int))):
+            raise ValueError(f"detail holds a {type(node).__name__}, not JSON")
+    try:
+        size = len(json.dumps(value, separators=(",", ":"), allow_nan=False).encode())
+    except (ValueError, TypeError, RecursionError) as exc:  # e.g. an int too long to print
+        raise ValueError("detail is not representable as JSON") from exc
+    if size > DETAIL_MAX_BYTES:
+        raise ValueError(f"detail is larger than {DETAIL_MAX_BYTES} bytes serialized ({size})")
+    return value
+
+
 RequestId = Annotated[str, Field(min_length=1, max_length=256)]
-Seconds = Annotated[float, Field(gt=0, le=86_400)]
+Label = Annotated[str, Field(min_length=1, max_length=64)]
+"""A role or tier name."""
+Seconds = Annotated[float, Field(gt=0, le=MAX_SECONDS, allow_inf_nan=False)]
+Epoch = Annotated[float, Field(ge=0, le=MAX_EPOCH_S, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Detail = Annotated[str | dict[str, Any] | None, AfterValidator(_check_detail)]
 
 
-class DrainRequest(BaseModel):
+class RequestBody(BaseModel):
+    """Base of every request body: floats must be finite."""
+
+    model_config = ConfigDict(allow_inf_nan=False)
+
+
+class DrainRequest(RequestBody):
     """``POST /drain`` body (every field optional)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -24,22 +113,22 @@ class DrainRequest(BaseModel):
     """Block until the drain is done (or its budget ends); false answers 202 at once."""
     deadline_s: Seconds | None = None
     """A shorter budget for this drain; it can never lengthen the configured one."""
-    reason: str = Field("requested", min_length=1, max_length=200)
+    reason: Annotated[str, Field(min_length=1, max_length=200)] = "requested"
     force: bool = False
     """Skip migration and SIGKILL every process at once; joining a running drain escalates it
     (see docs/service.md)."""
 
 
-class TierRequest(BaseModel):
+class TierRequest(RequestBody):
     """One kill tier a worker declares for its own tree."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=64)
-    pattern: str | None = Field(None, max_length=512)
+    name: Label
+    pattern: Annotated[str, Field(max_length=512)] | None = None
     roles: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list,
                                                              max_length=32)
-    signal: str = Field("SIGTERM", max_length=16)
+    signal: Annotated[str, Field(max_length=16)] = "SIGTERM"
     timeout_s: Seconds | None = None
     include_root: bool = False
     """Signal the registered root in this tier's place (when the tier matches it) instead of
@@ -66,43 +155,45 @@ class TierRequest(BaseModel):
         return name
 
 
-class RegisterRequest(BaseModel):
+class RegisterRequest(RequestBody):
     """``POST /workers`` body."""
 
     model_config = ConfigDict(extra="ignore")
 
     pid: int = Field(ge=1, le=MAX_PID)
-    role: str = Field("worker", min_length=1, max_length=64)
-    url: str | None = Field(None, max_length=2048)
-    name: str | None = Field(None, max_length=256)
-    start_time: float | None = Field(None, ge=0, le=1e11)
+    role: Label = "worker"
+    url: Annotated[str, Field(max_length=2048)] | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    start_time: Epoch | None = None
     """Epoch seconds; when given it must match the live process (PID reuse guard)."""
     tiers: list[TierRequest] = Field(default_factory=list, max_length=32)
     include_tree: bool = True
 
 
-class Handoff(BaseModel):
+class Handoff(RequestBody):
     """One request a worker handed back."""
 
     request_id: RequestId
-    tokens: int = Field(0, ge=0, le=1_000_000_000)
-    detail: str | dict[str, Any] | None = None
+    tokens: Count = 0
+    detail: Detail = None
+    """Free-form: a string, or a JSON object at most ``DETAIL_MAX_DEPTH`` deep and
+    ``DETAIL_MAX_BYTES`` serialized, with finite numbers only."""
     ack: Literal["router", "engine"] = "router"
     """``engine``: the engine's own router already migrated the request and will never
     acknowledge it here, so it is counted but never pending."""
 
 
-class ReportRequest(BaseModel):
+class ReportRequest(RequestBody):
     """``POST /workers/{id}/report`` body."""
 
-    inflight: int | None = Field(None, ge=0, le=1_000_000_000)
-    handoffs: list[Handoff] = Field(default_factory=list, max_length=10_000)
+    inflight: Count | None = None
+    handoffs: list[Handoff] = Field(default_factory=list, max_length=MAX_LIST)
     prekill_done: bool | None = None
-    notified_at: float | None = Field(None, ge=0, le=1e11)
+    notified_at: Epoch | None = None
     """Epoch seconds at which the worker's ``shutdown_event`` was set for this drain."""
 
 
-class AckRequest(BaseModel):
+class AckRequest(RequestBody):
     """``POST /migrations/ack`` body."""
 
-    request_ids: list[RequestId] = Field(max_length=10_000)
+    request_ids: list[RequestId] = Field(max_length=MAX_LIST)

@@ -3,6 +3,7 @@ Each answers a 4xx JSON ``detail``, records nothing and signals nothing."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,18 @@ ABSURD: list[tuple[str, str, bytes | None]] = [
     ("POST", "/workers", b'{"pid": 2, "tiers": [{"name": "x", "pattern": "("}]}'),
     ("POST", "/workers", b'{"pid": 2, "tiers": [{"name": "x", "signal": "SIGNOPE"}]}'),
     ("POST", "/workers", b'{"pid": 2, "role": "' + b"r" * 10_000 + b'"}'),
+    ("POST", "/workers", b'{"pid": NaN}'),
+    ("POST", "/workers", b'{"pid": 1e309}'),
+    ("POST", "/workers", b'{"pid": 2, "start_time": -Infinity}'),
+    ("POST", "/workers", b'{"pid": 2, "tiers": [{"name": "x", "timeout_s": NaN}]}'),
+    ("POST", "/workers", b'{"pid": 2, "role": "\\ud800"}'),
+    ("POST", "/drain", b'{"deadline_s": Infinity}'),
+    ("POST", "/workers/w-nope/report", b'{"notified_at": NaN}'),
+    ("POST", "/workers/w-nope/report",
+     b'{"handoffs": [{"request_id": "r", "detail": {"x": NaN}}]}'),
+    ("POST", "/workers/w-nope/report",
+     b'{"handoffs": [{"request_id": "r", "detail": ' + b'{"d": ' * 500 + b"1" + b"}" * 500
+     + b"}]}"),
     ("POST", "/drain", b'{"deadline_s": -1}'),
     ("POST", "/drain", b'{"deadline_s": 1e300}'),
     ("POST", "/drain", b'{"wait": "maybe"}'),
@@ -91,15 +104,20 @@ ABSURD: list[tuple[str, str, bytes | None]] = [
 ]
 
 
+def not_strict_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not strict JSON")
+
+
 def test_malformed_and_absurd_input_is_a_4xx(running: Running) -> None:
-    """1. send each malformed or absurd input; 2. each gets a 4xx with a JSON detail;
+    """1. send each malformed or absurd input (non-finite numbers and a 500-deep handoff
+    detail among them); 2. each gets a 4xx with a detail in strict JSON (no ``NaN`` echoed);
     3. nothing changed."""
     with running.client() as client:
         for method, path, body in ABSURD:
             answer = client.request(method, path, content=body,
                                     headers={"content-type": "application/json"})
             assert 400 <= answer.status_code < 500, (method, path, answer.text)
-            assert "detail" in answer.json()
+            assert "detail" in json.loads(answer.content, parse_constant=not_strict_json)
         status = client.get("/status").json()
     assert status["phase"] == "serving"
     assert status["workers"] == []
