@@ -213,7 +213,7 @@ def _start_drain(client: CoordinatorClient, args: argparse.Namespace) -> dict[st
 @_client_errors
 def _drain(args: argparse.Namespace) -> int:
     from coordinator.service.client import ClientError, CoordinatorClient
-    from coordinator.service.render import progress_line, status_text
+    from coordinator.service.render import drain_verdict, progress_line, status_text
 
     with CoordinatorClient(args.url, _token(args)) as client:
         started = _start_drain(client, args)
@@ -238,6 +238,12 @@ def _drain(args: argparse.Namespace) -> int:
             if document["phase"] == "done" or (
                     document["phase"] == "serving" and document.get("outcome") == "aborted"):
                 break
-    outcome = str(document.get("outcome") or "survived")
+    outcome, causes, _ = drain_verdict(document)
+    outcome = outcome or "survived"
     print(json.dumps(document, indent=2) if args.json else status_text(document))
+    if outcome == "nothing_to_drain":
+        # Always on stderr, even with --json or --quiet: a drain that ended nothing usually
+        # means a deployment mistake (no worker registered, an adoption pattern that misses).
+        why = " ".join(causes) or "no process was registered or adopted."
+        print(f"warning: nothing to drain: {why}", file=sys.stderr, flush=True)
     return exit_codes.OUTCOME_CODES.get(outcome, exit_codes.SURVIVED)

@@ -24,6 +24,24 @@ def _ago(at: float | None, now: float) -> str:
     return f"in {delta:.1f}s" if delta >= 0 else f"{-delta:.1f}s ago"
 
 
+def drain_verdict(doc: dict[str, Any]) -> tuple[str | None, list[str], int | None]:
+    """The drain's ``outcome``, ``causes`` and ``lost_requests`` from a ``/status`` document.
+
+    They are read from ``drain`` (the current drain, ``done`` included), else ``last_drain``
+    (after an abort); the top-level ``outcome`` wins when present (it can say ``timeout``).
+    ``lost_requests`` is None when the document does not carry it."""
+    drain = doc.get("drain") or doc.get("last_drain") or {}
+    outcome = doc.get("outcome") or drain.get("outcome")
+    causes = [str(c) for c in drain.get("causes") or ()]
+    lost = drain.get("lost_requests")
+    return (None if outcome is None else str(outcome), causes,
+            None if lost is None else int(lost))
+
+
+def _requests(count: int) -> str:
+    return f"{count} request" if count == 1 else f"{count} requests"
+
+
 def progress_line(doc: dict[str, Any]) -> str:
     """One line of drain progress."""
     workers = doc.get("workers", [])
@@ -34,9 +52,17 @@ def progress_line(doc: dict[str, Any]) -> str:
     left = ""
     if drain.get("deadline_at"):
         left = f", {max(0.0, drain['deadline_at'] - time.time()):.1f}s of budget left"
-    return (f"[{doc['phase']}] gen {doc['generation']}: {len(workers)} workers, "
+    line = (f"[{doc['phase']}] gen {doc['generation']}: {len(workers)} workers, "
             f"{inflight} in flight, {len(doc.get('migrations', []))} migrations pending, "
             f"{ended}/{len(doc.get('processes', []))} processes ended{left}")
+    outcome, causes, lost = drain_verdict(doc)
+    if outcome is not None:
+        line += f"; outcome {outcome}"
+        if lost:
+            line += f", {_requests(lost)} lost"
+        if causes:
+            line += ": " + " ".join(causes)
+    return line
 
 
 def status_text(doc: dict[str, Any]) -> str:
@@ -47,8 +73,12 @@ def status_text(doc: dict[str, Any]) -> str:
     if drain:
         out.append(f"drain       {drain['reason']!r}, started {_ago(drain['started_at'], now)}, "
                    f"deadline {_ago(drain['deadline_at'], now)}")
-    if doc.get("outcome"):
-        out.append(f"outcome     {doc['outcome']}")
+    outcome, causes, lost = drain_verdict(doc)
+    if outcome:
+        out.append(f"outcome     {outcome}")
+    out += [f"cause       {cause}" for cause in causes]
+    if lost is not None:
+        out.append(f"lost        {_requests(lost)} (handed back, expired unacknowledged)")
     mc = doc.get("migration_counts", {})
     out.append(f"migrations  {len(doc.get('migrations', []))} pending, "
                f"{mc.get('handed_back', 0)} handed back, {mc.get('acked', 0)} acknowledged, "
