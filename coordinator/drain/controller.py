@@ -44,14 +44,19 @@ from coordinator.drain.budget import (
     split_budget,
 )
 from coordinator.drain.changes import ChangeSignal
+from coordinator.drain.outcome import judge
 from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachine
 from coordinator.errors import DrainConflict, RefusedTarget
 from coordinator.kill.policy import KillPolicy, Target
-from coordinator.kill.report import Fate, KillReport, ProcessOutcome
+from coordinator.kill.report import KillReport, ProcessOutcome
 
 log = logging.getLogger(__name__)
 
 OutcomeKey = tuple[int, float | None]
+KILL_ATTEMPTS = 2
+"""A kill that raised (a bug, never a process's fault: those are recorded per process) is
+run once more, resuming from what the first attempt did."""
+
 KillFn = Callable[..., Awaitable[KillReport]]
 """``(targets, policy, *, on_update, prior) -> KillReport`` — ``Terminator().run``."""
 
@@ -82,6 +87,10 @@ class Fleet(Protocol):
     def budget_ended(self) -> None:
         """The drain's budget is over (pending migrations expire)."""
 
+    def lost_requests(self, drain: DrainRecord) -> int:
+        """The drain is over: expire the handoffs still pending and return how many this
+        drain lost in all (handed back, never acknowledged by a router)."""
+
     def persist(self, now: bool = False) -> Awaitable[None] | None:
         """Save the state (``now``: return an awaitable that completes once it is on disk)."""
 
@@ -107,7 +116,18 @@ class DrainRecord:
     split: BudgetSplit
     deadlines: Deadlines
     outcome: str | None = None
-    """``graceful``, ``killed``, ``survived``, ``timeout`` or ``aborted`` once it ended."""
+    """Once it ended: ``graceful``, ``aborted``, or the word ``coordinator.drain.outcome``
+    judges for what went wrong (``survived``, ``killed``, ``signalled``, ...)."""
+    causes: list[str] = field(default_factory=list)
+    """Why the outcome is not graceful: one plain sentence per cause."""
+    lost_requests: int = 0
+    """Handoffs of this drain that no router acknowledged: requests whose clients were cut
+    off."""
+    errors: list[str] = field(default_factory=list)
+    """Internal failures during the drain (each one also in the log); the drain went on."""
+    expired_before: int | None = None
+    """The migration book's expired count when the drain started (its own count is the
+    difference), kept across a restart."""
     ended_at: float | None = None
     kill: dict[str, Any] | None = None
     """The kill report's header (mode, exit detection, notes), once the kill ran."""
@@ -126,6 +146,9 @@ class DrainRecord:
             "migration_s": self.split.migration_s,
             "termination_s": self.split.termination_s,
             "outcome": self.outcome,
+            "causes": list(self.causes),
+            "lost_requests": self.lost_requests,
+            "errors": list(self.errors),
             "ended_at": self.ended_at,
             "force": self.force,
         }
@@ -133,6 +156,7 @@ class DrainRecord:
     def to_record(self) -> dict[str, Any]:
         return {
             **self.to_status(),
+            "expired_before": self.expired_before,
             "min_drain_s": self.split.min_drain_s,
             "kill": self.kill,
             "outcomes": [o.to_dict() for o in self.outcomes.values()],
@@ -149,17 +173,12 @@ class DrainRecord:
             outcome=data.get("outcome"), ended_at=data.get("ended_at"), kill=data.get("kill"),
             outcomes={(o.pid, o.start_time): o for o in outcomes},
             force=bool(data.get("force", False)),
+            causes=[str(c) for c in data.get("causes") or ()],
+            lost_requests=int(data.get("lost_requests") or 0),
+            errors=[str(e) for e in data.get("errors") or ()],
+            expired_before=(None if data.get("expired_before") is None
+                            else int(data["expired_before"])),
         )
-
-
-def outcome_of(report: KillReport) -> str:
-    """The drain's outcome word for a kill report."""
-    fates = {p.fate for p in report.processes}
-    if Fate.SURVIVED in fates or Fate.RUNNING in fates:
-        return "survived"
-    if Fate.KILLED in fates:
-        return "killed"
-    return "graceful"
 
 
 class DrainController:
@@ -330,47 +349,84 @@ class DrainController:
                     deadlines.migration_deadline_at,
                     lambda: drain.force or self.fleet.migration_settled())
                 self.machine.advance(Phase.TERMINATING)
-            # 3. terminating: on disk first, then pre-kill hooks, then the kill.
-            if self.phase is Phase.TERMINATING:
-                await self._persist_now()
-                waiting_for = self.fleet.terminating(drain)
-                prekill_until = min(self.clock() + self.config.prekill_timeout_s,
-                                    deadlines.deadline_at)
-                await self._wait_until(
-                    prekill_until,
-                    lambda: drain.force or self.fleet.prekill_settled(waiting_for))
-                report = await self._kill(drain)
-                for process in report.processes:
-                    drain.outcomes[(process.pid, process.start_time)] = process
-                drain.kill = {k: v for k, v in report.to_dict().items() if k != "processes"}
-                drain.outcome = outcome_of(report)
-            # 4. done.
-            if self.phase is Phase.TERMINATING:
-                drain.ended_at = self.clock()
-                if drain.outcome is None:
-                    drain.outcome = "survived"
-                self.machine.advance(Phase.DONE, note=drain.outcome)
-                await self._persist_now()
-                self._finish(drain)
         except asyncio.CancelledError:
             raise
         except IllegalTransition:
             log.info("drain task stopped: the drain was aborted")
-        except Exception:
-            log.exception("the drain failed; reporting it as done with what is known")
-            if self.phase is Phase.TERMINATING:
-                drain.outcome = "survived"
-                drain.ended_at = self.clock()
-                self.machine.advance(Phase.DONE, note="error")
-                await self._persist_now()
-                self._finish(drain)
+            return
+        except Exception as exc:
+            # Whatever failed before the kill, the engine's processes still get it.
+            self._failed(drain, "before the kill", exc)
+            while self.phase in (Phase.DRAINING, Phase.MIGRATING):
+                self.machine.advance(Phase.MIGRATING if self.phase is Phase.DRAINING
+                                     else Phase.TERMINATING)
+        if self.phase is not Phase.TERMINATING:
+            return
+        # 3. terminating: on disk first, then pre-kill hooks, then the kill. Each step of
+        # bookkeeping may fail (and says so); the kill runs whatever happened before it.
+        await self._guarded(drain, "persisting the state", self._persist_now)
+        waiting_for: list[str] = []
+        try:
+            waiting_for = self.fleet.terminating(drain)
+        except Exception as exc:
+            self._failed(drain, "pushing terminate to the workers", exc)
+        prekill_until = min(self.clock() + self.config.prekill_timeout_s,
+                            deadlines.deadline_at)
+        await self._guarded(drain, "waiting for the pre-kill hooks", lambda: self._wait_until(
+            prekill_until, lambda: drain.force or self.fleet.prekill_settled(waiting_for)))
+        report = await self._kill(drain)
+        if report is not None:
+            for process in report.processes:
+                drain.outcomes[(process.pid, process.start_time)] = process
+            drain.kill = {k: v for k, v in report.to_dict().items() if k != "processes"}
+        # 4. done: judge what really happened.
+        try:
+            drain.lost_requests = self.fleet.lost_requests(drain)
+        except Exception as exc:
+            self._failed(drain, "counting lost requests", exc)
+        verdict = judge(list(drain.outcomes.values()), lost_requests=drain.lost_requests,
+                        errors=drain.errors, force=drain.force)
+        drain.outcome, drain.causes = verdict.outcome, list(verdict.causes)
+        drain.ended_at = self.clock()
+        log_end = log.info if verdict.graceful else log.warning
+        log_end("drain done: %s%s", verdict.outcome,
+                "".join(f"\n  - {cause}" for cause in verdict.causes))
+        self.machine.advance(Phase.DONE, note=drain.outcome)
+        await self._guarded(drain, "persisting the state", self._persist_now, judged=True)
+        self._finish(drain)
 
-    async def _kill(self, drain: DrainRecord) -> KillReport:
-        targets = self.fleet.kill_targets()
-        prior = dict(drain.outcomes) or None
+    def _failed(self, drain: DrainRecord, step: str, exc: BaseException) -> None:
+        """Record an internal failure on the drain; the drain goes on."""
+        log.error("drain: %s failed", step, exc_info=exc)
+        drain.errors.append(f"{step} failed ({type(exc).__name__}: {exc})")
+
+    async def _guarded(self, drain: DrainRecord, step: str,
+                       run: Callable[[], Awaitable[None]], *, judged: bool = False) -> None:
+        """Await ``run()``; a failure is recorded (``_failed``) instead of raised. After the
+        verdict (``judged``), an error changes the outcome to ``error`` if it was graceful."""
+        try:
+            await run()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._failed(drain, step, exc)
+            if judged and drain.outcome == "graceful":
+                drain.outcome = "error"
+                drain.causes.append(drain.errors[-1])
+
+    async def _kill(self, drain: DrainRecord) -> KillReport | None:
+        """The ordered kill; never raises. A kill that fails unexpectedly is run again once,
+        resuming from the outcomes recorded so far (no process is signalled twice)."""
+        try:
+            targets = self.fleet.kill_targets()
+        except Exception as exc:
+            self._failed(drain, "listing the processes to kill", exc)
+            targets = []
         self._killing = True
+        attempts = 0
         try:
             while True:
+                prior = dict(drain.outcomes) or None
                 try:
                     return await self.kill(targets, self._policy(drain),
                                            on_update=self._record_outcome, prior=prior)
@@ -378,16 +434,26 @@ class DrainController:
                     # Registration vetted every root; one that became protected since is
                     # dropped.
                     log.error("kill refused %s; dropping that target", exc)
+                    drain.errors.append(f"kill refused pid {exc.pid}: {exc}")
                     targets = [t for t in targets if t.pid != exc.pid]
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    attempts += 1
+                    self._failed(drain, f"the kill (attempt {attempts})", exc)
+                    if attempts >= KILL_ATTEMPTS:
+                        return None
         finally:
             self._killing = False
 
     def _policy(self, drain: DrainRecord) -> KillPolicy:
         left = remaining(drain.deadlines.deadline_at, self.clock())
+        # Every second the migration left unused; the kill engine keeps its own reserve for
+        # SIGKILL and confirmation inside this deadline.
         return KillPolicy(
             signal=self.config.kill_signal,
             tier_timeout_s=self.config.tier_timeout_s,
-            deadline_s=max(0.1, left - self.config.confirm_s),
+            deadline_s=max(0.1, left),
             confirm_s=self.config.confirm_s,
             force=drain.force,
         )

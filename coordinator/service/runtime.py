@@ -415,6 +415,8 @@ class Coordinator:
                 "deadline_at": drain.deadlines.deadline_at}
 
     def drain_started(self, drain: DrainRecord) -> None:
+        if drain.expired_before is None:  # a resumed drain keeps its own
+            drain.expired_before = self.migrations.expired
         if self.doorbell is not None:
             self.doorbell.ring()
         self.notifier.publish(self._drain_event(drain))
@@ -482,6 +484,10 @@ class Coordinator:
         if expired:
             self.metrics.migrations.labels("expired").inc(expired)
             self.bump()
+
+    def lost_requests(self, drain: DrainRecord) -> int:
+        self.budget_ended()  # what no router acknowledged by now, none will
+        return max(0, self.migrations.expired - (drain.expired_before or 0))
 
     def _finished(self, drain: DrainRecord) -> None:
         self.migrations.forget_early()

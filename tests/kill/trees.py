@@ -14,7 +14,8 @@ On SIGTERM a node runs its "cleanup" (sleeps ``teardown`` seconds), writes
 ``exit_code``. A node with ``pdeathsig`` asks the kernel to SIGKILL it when its parent dies,
 so a parent killed before it ends its cleanup early (no marker). ``ignore_term`` ignores
 SIGTERM; ``forks: N`` forks N plain children at start (cheap: no new interpreter);
-``fork_on_term`` forks a new process on SIGTERM (which writes
+``sigkill_self`` ends the node with its own SIGKILL after its cleanup (as stock SGLang's
+``kill_process_tree(include_parent=True)`` does); ``fork_on_term`` forks a new process on SIGTERM (which writes
 ``DIR/forked-<pid>.json`` at birth and behaves like a plain node). Every node reaps its
 children as they exit, so their exit status is gone from ``waitid`` for anyone else.
 """
@@ -92,6 +93,9 @@ def serve_until_term(spec: dict[str, Any], record_dir: Path, role: str) -> None:
             {"pid": os.getpid(), "role": role, "cleanup_finished": True,
              "signalled_at": signalled_at, "ended_at": time.time()},
         )
+        if spec.get("sigkill_self"):
+            # Stock SGLang's kill_process_tree(include_parent=True): cleanup, then SIGKILL.
+            os.kill(os.getpid(), signal.SIGKILL)
         os._exit(int(spec.get("exit_code", 0)))
 
 
