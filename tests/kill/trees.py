@@ -15,9 +15,10 @@ On SIGTERM a node runs its "cleanup" (sleeps ``teardown`` seconds), writes
 so a parent killed before it ends its cleanup early (no marker). ``ignore_term`` ignores
 SIGTERM; ``forks: N`` forks N plain children at start (cheap: no new interpreter);
 ``sigkill_self`` ends the node with its own SIGKILL after its cleanup (as stock SGLang's
-``kill_process_tree(include_parent=True)`` does); ``fork_on_term`` forks a new process on SIGTERM (which writes
-``DIR/forked-<pid>.json`` at birth and behaves like a plain node). Every node reaps its
-children as they exit, so their exit status is gone from ``waitid`` for anyone else.
+``kill_process_tree(include_parent=True)`` does); ``fork_on_term`` forks a new process on
+SIGTERM (which writes ``DIR/forked-<pid>.json`` at birth and behaves like a plain node).
+Every node reaps its children as they exit, so their exit status is gone from ``waitid`` for
+anyone else.
 """
 
 from __future__ import annotations
