@@ -148,8 +148,16 @@ def test_hook_blocks_until_the_drain_is_done(
         ({"phase": "done", "outcome": "killed", "processes": []}, 3),
         ({"phase": "done", "outcome": "timeout", "processes": []}, 4),
         ({"phase": "serving", "processes": []}, 5),
+        ({"phase": "done", "outcome": "signalled",
+          "drain": {"causes": ["pid 8 (w) died of SIGKILL"]},
+          "processes": [{"pid": 8, "name": "w", "fate": "exited", "exit_code": -9}]}, 9),
+        ({"phase": "done", "outcome": "lost_requests",
+          "drain": {"causes": ["2 handed-back requests were never acknowledged"],
+                    "lost_requests": 2},
+          "processes": [{"pid": 8, "name": "w", "fate": "exited", "exit_code": 0}]}, 11),
     ],
-    ids=["fate-killed", "fate-survived", "outcome-killed", "outcome-timeout", "aborted"],
+    ids=["fate-killed", "fate-survived", "outcome-killed", "outcome-timeout", "aborted",
+         "outcome-signalled", "outcome-lost-requests"],
 )
 def test_hook_exit_code_tells_how_the_drain_ended(
     janitor: ProcessJanitor,
@@ -170,6 +178,8 @@ def test_hook_exit_code_tells_how_the_drain_ended(
     assert code == expected, out
     if any(p.get("fate") in ("killed", "survived") for p in body["processes"]):
         assert "not graceful: 8(w)" in out
+    for cause in body.get("drain", {}).get("causes", ()):
+        assert cause in out
 
 
 def test_hook_reports_a_refused_token(

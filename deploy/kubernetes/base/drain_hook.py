@@ -113,7 +113,8 @@ def outcome_code(summary: dict[str, Any]) -> int:
 
 
 def describe(summary: dict[str, Any]) -> str:
-    """One line: phase, outcome, the count of each fate, and every process that needed SIGKILL."""
+    """One line: phase, outcome, the count of each fate, every process that needed SIGKILL,
+    and the causes the coordinator named for a drain that was not graceful."""
     processes = [p for p in summary.get("processes") or [] if isinstance(p, dict)]
     counts: dict[str, int] = {}
     for proc in processes:
@@ -130,6 +131,10 @@ def describe(summary: dict[str, Any]) -> str:
     ]
     if hard:
         parts.append("not graceful: " + " ".join(hard))
+    drain = summary.get("drain") or summary.get("last_drain") or {}
+    causes = drain.get("causes") if isinstance(drain, dict) else None
+    if isinstance(causes, list) and causes:
+        parts.append("causes: " + " | ".join(str(c) for c in causes))
     return "drain " + " ".join(parts)
 
 
