@@ -12,7 +12,8 @@ _PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 60, 120, 
 
 
 class CoordinatorMetrics:
-    """Counters and histograms of drains, phases, process fates and migrations."""
+    """Counters and histograms of drains, phases, process fates, migrations, state file
+    writes and cycles."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -35,6 +36,18 @@ class CoordinatorMetrics:
         self.workers = Gauge("shutdown_coordinator_workers", "Registered workers", registry=r)
         self.phase = Gauge("shutdown_coordinator_phase", "1 for the current phase",
                            ["phase"], registry=r)
+        self.state_writes = Counter("shutdown_coordinator_state_writes",
+                                    "State file writes that reached the disk", registry=r)
+        self.state_write_failures = Counter(
+            "shutdown_coordinator_state_write_failures",
+            "State file writes that failed (the drain went on; retried)", registry=r)
+        self.state_files_unusable = Counter(
+            "shutdown_coordinator_state_files_unusable",
+            "State files found unusable at start-up (moved aside; started fresh)", registry=r)
+        self.new_cycles = Counter(
+            "shutdown_coordinator_new_cycles",
+            "Finished drains whose cycle ended, back to serving, by trigger "
+            "(registration, restart)", ["trigger"], registry=r)
         self.set_phase(Phase.SERVING)
 
     def set_phase(self, current: Phase) -> None:

@@ -2,7 +2,14 @@
 
 ``Coordinator`` is what the HTTP handlers talk to. It implements the drain controller's
 ``Fleet`` protocol, renders the ``/status`` document (cached per generation), persists the
-state file on every change, and resumes a persisted drain at start-up.
+state file on every change, and at start-up resumes a persisted drain, or, when the persisted
+drain is done and its processes are gone, starts the next cycle (serving, the drain kept as
+``last_drain``). A state file that cannot be restored whole is set aside and the coordinator
+starts fresh (``coordinator/drain/state_file.py``).
+
+Cycles: a drain that is done ends its cycle when a new worker registers (``register``) or
+when a restarted coordinator finds every process of the drain gone (``start``); the finished
+drain's workers are forgotten, its pending handoffs expire, and the doorbell is reset.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
-from coordinator.drain.state_file import StateWriter, read_state
 from coordinator.errors import DrainConflict
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
@@ -33,13 +39,14 @@ from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
 from coordinator.service.notifier import Notifier
+from coordinator.service.persistence import TIMELINE_KEPT, StateKeeper
 from coordinator.service.process_scan import ProcessScan, Roots, process_entry
 from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
+from coordinator.service.restore import RestoredState
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-TIMELINE_KEPT = 64
 FULL_VIEW = "full"
 ROUTER_VIEW = "router"
 """``GET /status?view=router``: the document without ``processes`` and the history."""
@@ -61,7 +68,8 @@ class Coordinator:
         self.migrations = MigrationBook()
         self.notifier = Notifier(settings.ping_interval_s)
         self.doorbell = Doorbell.from_setting(settings.doorbell)
-        self.writer = StateWriter(settings.state_file, self.snapshot)
+        self.state = StateKeeper(self, settings.state_file)
+        self.writer = self.state.writer
         self.rules = adoption.AdoptionRules(
             pids=tuple(settings.adopt_pids), patterns=tuple(settings.adopt_patterns),
             confine_to=settings.confine_to_pid,
@@ -104,17 +112,11 @@ class Coordinator:
                             exc)
                 self.doorbell = None
         if self.settings.state_file is not None:
-            document = await asyncio.to_thread(read_state, self.settings.state_file)
-            if document is not None:
-                try:
-                    self._restore(document)
-                except (KeyError, ValueError, TypeError):
-                    # A crash loop on a bad file would leave the pod undrainable.
-                    log.exception("state file %s unusable; starting fresh",
-                                  self.settings.state_file)
+            await self.state.load(self.settings.state_file)
         await self.rescan()
         self.scan.start(self.settings.process_scan_interval_s, self._roots,
                         paused=lambda: self.machine.phase in (Phase.TERMINATING, Phase.DONE))
+        await self.writer.flush()  # a path that cannot be written shows in /status at once
 
     async def stop(self) -> None:
         """Close streams, stop the scanner and the drain task, write the state a last time."""
@@ -162,46 +164,49 @@ class Coordinator:
 
     def _on_transition(self, entries: list[Transition]) -> None:
         for previous, current in itertools.pairwise(entries):
-            if previous.phase is not Phase.SERVING:
+            # Serving is no drain phase; done lasts until the next cycle, not the drain.
+            if previous.phase not in (Phase.SERVING, Phase.DONE):
                 self.metrics.phase_seconds.labels(previous.phase.value).observe(
                     max(0.0, current.at - previous.at))
         self.metrics.set_phase(self.machine.phase)
 
     def persist(self, now: bool = False) -> Awaitable[None] | None:
+        """Save the state; never raises for the disk (a failed write is counted, shown in
+        ``/status`` ``state_file`` and retried, and the drain goes on)."""
         if now:
             return self.writer.flush()
         self.writer.mark_dirty()
         return None
 
-    def snapshot(self) -> dict[str, Any]:
-        """The state file's document (``version`` is added by the writer)."""
-        controller = self.controller
-        return {
-            "saved_at": time.time(),
-            "coordinator_pid": os.getpid(),
-            "phase": self.machine.phase.value,
-            "generation": self.machine.generation,
-            "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
-            "drain": controller.drain.to_record() if controller.drain else None,
-            "last": controller.last.to_record() if controller.last else None,
-            "workers": [w.to_record() for w in self.registry.workers.values()],
-            "migrations": self.migrations.to_record(),
-        }
+    def apply_restored(self, state: RestoredState) -> None:
+        """Take over a state file's objects (``StateKeeper.load`` built them all first)."""
+        for worker in state.workers:
+            self.registry.restore(worker)
+        self.migrations = state.migrations
+        self.controller.last = state.last
+        # The restored history was measured by the coordinator that lived it: phase
+        # durations are observed from here on.
+        self._timeline_seen = len(state.timeline) + 1
+        self.machine.restore(state.phase, state.generation, state.timeline)
+        self._processes_epoch += 1
+        self.metrics.set_phase(state.phase)
+        if state.drain is not None and state.phase is not Phase.SERVING:
+            log.info("state file: resuming a drain in phase %s", state.phase)
+            self.controller.resume(state.drain, state.phase)
 
-    def _restore(self, document: dict[str, Any]) -> None:
-        phase = Phase(document["phase"])
-        timeline = [Transition.from_dict(t) for t in document.get("timeline", ())]
-        for record in document.get("workers", ()):
-            self.registry.restore(Worker.from_record(record))
-        self.migrations.restore(document.get("migrations", {}))
-        last = document.get("last")
-        if last is not None:
-            self.controller.last = DrainRecord.from_record(last)
-        drain = document.get("drain")
-        self.machine.restore(phase, int(document.get("generation", 0)), timeline)
-        if drain is not None and phase is not Phase.SERVING:
-            log.info("state file: resuming a drain in phase %s", phase)
-            self.controller.resume(DrainRecord.from_record(drain), phase)
+    def new_cycle(self, trigger: str, note: str) -> None:
+        """End the done drain's cycle: serving again, the drain kept as ``last_drain``."""
+        self.controller.new_cycle(note)
+        for worker_id in list(self.registry.workers):  # the finished cycle's engine
+            self.deregister(worker_id)
+        expired = self.migrations.expire_all()
+        if expired:
+            self.metrics.migrations.labels("expired").inc(expired)
+        if self.doorbell is not None:
+            self.doorbell.reset()  # new workers must not find the finished drain's ring
+        self.metrics.new_cycles.labels(trigger).inc()
+        self.processes_changed()
+        log.info("new cycle (%s): serving again", note)
 
     # --- /status ---------------------------------------------------------------------------
 
@@ -289,6 +294,7 @@ class Coordinator:
             "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": self.started_at},
+            "state_file": self.state.status(),
         }
         if processes:
             entries = self.process_list()
@@ -320,11 +326,16 @@ class Coordinator:
     # --- workers -----------------------------------------------------------------------------
 
     def register(self, body: RegisterRequest) -> tuple[Worker, bool]:
-        """Vet and register a worker (``RefusedTarget``/``TargetNotFound`` on refusal)."""
+        """Vet and register a worker (``RefusedTarget``/``TargetNotFound`` on refusal).
+
+        While ``done``, a new worker starts the next cycle (``StateKeeper.admit``)."""
         phase = self.machine.phase
-        if phase in (Phase.TERMINATING, Phase.DONE):
+        if phase is Phase.TERMINATING:
             raise DrainConflict(f"cannot register a worker while {phase}")
         found = identity.vet(body.pid, body.start_time, self.settings.confine_to_pid)
+        if phase is Phase.DONE:
+            self.state.admit(found)
+            phase = self.machine.phase
         tiers = tuple(
             TierSpec(
                 name=t.name, pattern=t.pattern, roles=tuple(t.roles),

@@ -1,0 +1,72 @@
+"""From a validated state file to the objects a restarted coordinator takes over, and the
+check that ends a finished drain's cycle.
+
+``build`` turns the whole document into objects (workers, migrations, drains, timeline)
+without touching the running coordinator, so a document that fails here is set aside as
+corrupt like one that failed validation, and nothing of it is applied. ``still_running``
+tells which processes of a finished drain still exist (same PID and start time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from coordinator.drain.controller import DrainRecord
+from coordinator.drain.phases import Phase, Transition
+from coordinator.kill.report import ProcessOutcome
+from coordinator.service.identity import same_start
+from coordinator.service.migrations import MigrationBook
+from coordinator.service.registry import Worker
+
+
+@dataclass
+class RestoredState:
+    """Everything a state file holds, as objects, before any of it is applied."""
+
+    phase: Phase
+    generation: int
+    timeline: list[Transition]
+    workers: list[Worker]
+    migrations: MigrationBook
+    drain: DrainRecord | None
+    """The drain of ``phase`` (None while serving)."""
+    last: DrainRecord | None
+    """The drain before it (shown as ``last_drain``)."""
+
+
+def build(document: dict[str, Any]) -> RestoredState:
+    """Objects of a document ``state_schema.validate`` accepted; raises (``KeyError``,
+    ``ValueError``, ``TypeError``) when one cannot be made, having changed nothing."""
+    migrations = MigrationBook()
+    migrations.restore(document["migrations"])
+    phase = Phase(document["phase"])
+    drain = document["drain"]
+    last = document.get("last")
+    return RestoredState(
+        phase=phase,
+        generation=int(document["generation"]),
+        timeline=[Transition.from_dict(t) for t in document["timeline"]],
+        workers=[Worker.from_record(w) for w in document["workers"]],
+        migrations=migrations,
+        drain=DrainRecord.from_record(drain) if drain is not None else None,
+        last=DrainRecord.from_record(last) if last is not None else None,
+    )
+
+
+def is_running(pid: int, start_time: float | None) -> bool:
+    """Whether the process ``pid`` that started at ``start_time`` still exists (a zombie
+    does not: it has ended and only waits to be reaped)."""
+    try:
+        proc = psutil.Process(pid)
+        return same_start(proc.create_time(), start_time) and \
+            proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def still_running(drain: DrainRecord) -> list[ProcessOutcome]:
+    """The drain's processes that still exist, by PID and start time (reads ``/proc``)."""
+    return [o for o in drain.outcomes.values() if is_running(o.pid, o.start_time)]
