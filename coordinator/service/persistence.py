@@ -4,9 +4,10 @@ start-up, and when a finished drain's cycle ends.
 At start-up (``load``) the file is restored whole or not at all: one that cannot be read,
 parsed, validated or turned into objects is set aside (``<path>.corrupt-<UTC time>``) and the
 coordinator starts fresh, serving. A drain in progress is resumed. A drain that is done ends
-its cycle when none of its processes still runs (same PID and start time): the coordinator
-serves again and shows the drain as ``last_drain``. While some still run, it stays ``done``
-(its summary is still the truth about the pod) until a new worker registers.
+its cycle when none of its processes still runs (same PID and start time; only those it
+left ``survived`` can): the coordinator serves again and shows the drain as ``last_drain``.
+While some still run, it stays ``done`` (its summary is still the truth about the pod) until
+a new worker registers.
 
 A worker registering while the drain is done (``admit``) starts the next cycle even when
 processes of the finished drain still run: the new engine is what the host runs now, and
@@ -32,7 +33,7 @@ from coordinator.drain.state_file import StateWriter, load_state, set_aside
 from coordinator.errors import DrainConflict
 from coordinator.kill.report import ProcessOutcome
 from coordinator.service.identity import ProcessFacts, same_start
-from coordinator.service.restore import RestoredState, build, is_running, still_running
+from coordinator.service.restore import RestoredState, build, still_running
 
 if TYPE_CHECKING:
     from coordinator.service.runtime import Coordinator
@@ -119,8 +120,7 @@ class StateKeeper:
         """A worker registers while the drain is done: start the next cycle (see the
         module docstring), or ``DrainConflict`` when it is one of the drain's processes."""
         drain = self.coordinator.controller.drain
-        running = [o for o in (drain.outcomes.values() if drain else ())
-                   if is_running(o.pid, o.start_time)]
+        running = still_running(drain) if drain is not None else []
         for outcome in running:
             if outcome.pid == found.pid and same_start(outcome.start_time, found.start_time):
                 raise DrainConflict(

@@ -4,7 +4,7 @@ check that ends a finished drain's cycle.
 ``build`` turns the whole document into objects (workers, migrations, drains, timeline)
 without touching the running coordinator, so a document that fails here is set aside as
 corrupt like one that failed validation, and nothing of it is applied. ``still_running``
-tells which processes of a finished drain still exist (same PID and start time).
+tells which processes a finished drain left behind still exist (same PID and start time).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import psutil
 
 from coordinator.drain.controller import DrainRecord
 from coordinator.drain.phases import Phase, Transition
-from coordinator.kill.report import ProcessOutcome
+from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.identity import same_start
 from coordinator.service.migrations import MigrationBook
 from coordinator.service.registry import Worker
@@ -68,5 +68,9 @@ def is_running(pid: int, start_time: float | None) -> bool:
 
 
 def still_running(drain: DrainRecord) -> list[ProcessOutcome]:
-    """The drain's processes that still exist, by PID and start time (reads ``/proc``)."""
-    return [o for o in drain.outcomes.values() if is_running(o.pid, o.start_time)]
+    """The drain's processes that still exist, by PID and start time (reads ``/proc``).
+
+    Only those the drain left ``survived`` (or ``running``) are looked for: one it saw end
+    has ended, whatever process holds its PID now."""
+    return [o for o in drain.outcomes.values()
+            if o.fate in (Fate.SURVIVED, Fate.RUNNING) and is_running(o.pid, o.start_time)]

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from coordinator.drain import state_file
@@ -30,7 +31,7 @@ from coordinator.kill.policy import TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.migrations import MigrationBook
 from coordinator.service.registry import Worker
-from coordinator.service.restore import build
+from coordinator.service.restore import build, still_running
 
 NOW = 1_700_000_000.0
 
@@ -356,3 +357,18 @@ async def test_a_hung_disk_does_not_hold_a_flush(tmp_path: Path) -> None:
     assert writer.writes == 1
     assert json.loads(path.read_text())["n"] == 1
 
+
+
+def test_only_what_a_drain_left_behind_can_still_run() -> None:
+    """A finished drain holds its cycle only through processes it reported ``survived``
+    (or ``running``) that still exist with the same start time; one it saw end does not,
+    whatever holds its PID now."""
+    me = os.getpid()
+    started = psutil.Process(me).create_time()
+    split = split_budget(20, tier_timeout_s=2, confirm_s=1)
+    drain = DrainRecord(reason="x", split=split, deadlines=anchor(split, NOW))
+    for n, (fate, start) in enumerate([(Fate.EXITED, started), (Fate.SURVIVED, started - 60),
+                                       (Fate.SURVIVED, started)]):
+        drain.outcomes[(me, float(n))] = ProcessOutcome(pid=me, name="me", start_time=start,
+                                                        fate=fate)
+    assert [(o.fate, o.start_time) for o in still_running(drain)] == [(Fate.SURVIVED, started)]
