@@ -1,0 +1,352 @@
+"""Fakes that drive ``DrainController`` without real time, real workers or real processes.
+
+    ManualClock   the only clock: the controller, its phase machine and every fake read it.
+    FakeChanges   a ``ChangeSignal`` whose ``wait`` advances the clock instead of sleeping, or
+                  parks (in the phases a test names) until ``notify()``.
+    FakeFleet     the ``Fleet`` protocol, scripted per method, recording every call.
+    FakeKill      a ``KillFn`` that plays one scripted step per call (report, raise, block).
+    Harness       all of the above wired to one controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from coordinator.drain.changes import ChangeSignal
+from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, OutcomeKey
+from coordinator.drain.phases import Phase, PhaseMachine
+from coordinator.kill.policy import KillPolicy, Target
+from coordinator.kill.report import Fate, KillReport, ProcessOutcome
+
+T0 = 1_000_000.0
+"""Epoch seconds every manual clock starts at."""
+
+SPINS = 500
+"""Loop iterations ``until`` allows before it calls a condition never met (no test needs 50)."""
+
+
+class ManualClock:
+    """Epoch seconds that move only when a test (or a fake) says so."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, seconds
+        self.now += seconds
+
+
+async def until(condition: Callable[[], bool], what: str = "the condition") -> None:
+    """Let the loop run (zero-delay yields only) until ``condition()`` holds."""
+    for _ in range(SPINS):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{what} never held")
+
+
+async def spin(times: int = 20) -> None:
+    """Let every ready callback and task run a few rounds (no time passes)."""
+    for _ in range(times):
+        await asyncio.sleep(0)
+
+
+# --- the change signal ----------------------------------------------------------------------
+
+
+class FakeChanges(ChangeSignal):
+    """``wait(timeout)`` records ``(phase, timeout)``; then, unless the current phase is in
+    ``hold_in``, advances the clock by ``min(timeout, step_s)`` and returns at once (True when
+    it stopped short of the timeout: a change came). In a held phase it parks until
+    ``notify()``. ``fail`` makes it raise instead."""
+
+    def __init__(self, clock: ManualClock, machine: PhaseMachine) -> None:
+        super().__init__()
+        self.clock = clock
+        self.machine = machine
+        self.hold_in: set[Phase] = set()
+        self.step_s = math.inf
+        self.fail: Exception | None = None
+        self.waits: list[tuple[Phase, float]] = []
+        self.notified = 0
+        self._held: set[asyncio.Future[bool]] = set()
+
+    @property
+    def held(self) -> int:
+        """How many waits are parked now."""
+        return len(self._held)
+
+    def notify(self) -> None:
+        self.notified += 1
+        super().notify()
+        held, self._held = self._held, set()
+        for fut in held:
+            if not fut.done():
+                fut.set_result(True)
+
+    def release(self) -> None:
+        """Stop holding in any phase and wake what is parked."""
+        self.hold_in.clear()
+        self.notify()
+
+    async def wait(self, timeout_s: float) -> bool:
+        phase = self.machine.phase
+        self.waits.append((phase, timeout_s))
+        if self.fail is not None:
+            raise self.fail
+        if phase in self.hold_in:
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            self._held.add(fut)
+            try:
+                return await fut
+            finally:
+                self._held.discard(fut)
+        step = min(timeout_s, self.step_s)
+        self.clock.advance(step)
+        await asyncio.sleep(0)
+        return step < timeout_s
+
+
+# --- the fleet ------------------------------------------------------------------------------
+
+PersistFailure = Literal["raise", "await"]
+"""``raise``: ``persist`` itself raises; ``await``: it returns an awaitable that raises (only
+meaningful for ``now=True``, the only call whose result the controller awaits)."""
+
+
+@dataclass
+class FakeFleet:
+    """The ``Fleet`` protocol. Every call is recorded in ``calls`` as ``(name, argument)``;
+    ``failing`` names methods that raise ``RuntimeError``; ``persist_failures`` maps a
+    ``persist`` call's number (1-based) to how it fails."""
+
+    targets: list[Target] = field(default_factory=lambda: [Target(100, start_time=1.0)])
+    settled: Callable[[], bool] = lambda: True
+    prekill: Callable[[list[str]], bool] = lambda ids: True
+    prekill_ids: list[str] = field(default_factory=lambda: ["w1"])
+    lost: int = 0
+    failing: set[str] = field(default_factory=set)
+    persist_failures: dict[int, PersistFailure] = field(default_factory=dict)
+    flushes: bool = True
+    """False: ``persist(now=True)`` saves synchronously and returns None."""
+    hooks: dict[str, Callable[[], object]] = field(default_factory=dict)
+    """Run inside the named method before it answers (e.g. an abort racing a check)."""
+    calls: list[tuple[str, Any]] = field(default_factory=list)
+    persist_count: int = 0
+
+    def names(self) -> list[str]:
+        return [name for name, _ in self.calls]
+
+    def count(self, name: str) -> int:
+        return self.names().count(name)
+
+    def _enter(self, name: str, argument: Any = None) -> None:
+        self.calls.append((name, argument))
+        hook = self.hooks.get(name)
+        if hook is not None:
+            hook()
+        if name in self.failing:
+            raise RuntimeError(f"{name} broke")
+
+    def drain_started(self, drain: DrainRecord) -> None:
+        self._enter("drain_started", drain)
+
+    def drain_aborted(self) -> None:
+        self._enter("drain_aborted")
+
+    def terminating(self, drain: DrainRecord) -> list[str]:
+        self._enter("terminating", drain)
+        return list(self.prekill_ids)
+
+    def migration_settled(self) -> bool:
+        self._enter("migration_settled")
+        return self.settled()
+
+    def prekill_settled(self, worker_ids: list[str]) -> bool:
+        self._enter("prekill_settled", list(worker_ids))
+        return self.prekill(worker_ids)
+
+    def kill_targets(self) -> list[Target]:
+        self._enter("kill_targets")
+        return list(self.targets)
+
+    def budget_ended(self) -> None:
+        self._enter("budget_ended")
+
+    def lost_requests(self, drain: DrainRecord) -> int:
+        self._enter("lost_requests", drain)
+        return self.lost
+
+    def persist(self, now: bool = False) -> Awaitable[None] | None:
+        self.persist_count += 1
+        self._enter("persist", now)
+        failure = self.persist_failures.get(self.persist_count)
+        if failure == "raise":
+            raise OSError(f"state file write {self.persist_count} failed")
+        if not now or not self.flushes:
+            return None
+        return self._written(failure == "await", self.persist_count)
+
+    async def _written(self, fail: bool, number: int) -> None:
+        await asyncio.sleep(0)
+        if fail:
+            raise OSError(f"state file flush {number} failed")
+
+
+def settles_after(checks: int) -> Callable[[], bool]:
+    """A ``migration_settled`` that answers False ``checks`` times, then True."""
+    answers = itertools.chain(itertools.repeat(False, checks), itertools.repeat(True))
+    return lambda: next(answers)
+
+
+# --- the kill -------------------------------------------------------------------------------
+
+
+@dataclass
+class KillCall:
+    """One call of the kill function, as the controller made it."""
+
+    targets: list[Target]
+    policy: KillPolicy
+    prior: dict[OutcomeKey, ProcessOutcome] | None
+    at: float
+    on_update: Callable[[ProcessOutcome], None]
+
+
+Step = Callable[[KillCall], Awaitable[KillReport]]
+"""What one call of the fake kill does."""
+
+
+def reports(*processes: ProcessOutcome, updates: Iterable[ProcessOutcome] = ()) -> Step:
+    """Call ``on_update`` with each of ``updates``, then return a report of ``processes``."""
+    sent = list(updates)
+
+    async def step(call: KillCall) -> KillReport:
+        for process in sent:
+            call.on_update(process)
+        return KillReport(started_at=call.at, ended_at=call.at,
+                          mode="force" if call.policy.force else "graceful",
+                          processes=list(processes))
+
+    return step
+
+
+def raises(exc: Exception, updates: Iterable[ProcessOutcome] = ()) -> Step:
+    """Call ``on_update`` with each of ``updates``, then raise ``exc``."""
+    sent = list(updates)
+
+    async def step(call: KillCall) -> KillReport:
+        for process in sent:
+            call.on_update(process)
+        raise exc
+
+    return step
+
+
+def blocks(release: asyncio.Event, then: Step) -> Step:
+    """Park until ``release`` is set, then do what ``then`` does."""
+
+    async def step(call: KillCall) -> KillReport:
+        await release.wait()
+        return await then(call)
+
+    return step
+
+
+class FakeKill:
+    """A ``KillFn``: each call takes the next of ``steps`` (``default`` once they run out)
+    and is recorded in ``calls``."""
+
+    def __init__(self, clock: ManualClock, *steps: Step) -> None:
+        self.clock = clock
+        self.steps = list(steps)
+        self.default: Step = reports(exited(100))
+        self.calls: list[KillCall] = []
+
+    def script(self, *steps: Step) -> None:
+        self.steps = list(steps)
+
+    async def __call__(self, targets: list[Target], policy: KillPolicy, *,
+                       on_update: Callable[[ProcessOutcome], None],
+                       prior: dict[OutcomeKey, ProcessOutcome] | None) -> KillReport:
+        call = KillCall(list(targets), policy, None if prior is None else dict(prior),
+                        self.clock(), on_update)
+        self.calls.append(call)
+        step = self.steps.pop(0) if self.steps else self.default
+        return await step(call)
+
+
+# --- processes ------------------------------------------------------------------------------
+
+
+def exited(pid: int, *, depth: int = 0, exit_code: int | None = 0,
+           fate: Fate = Fate.EXITED, signal: str | None = "SIGTERM") -> ProcessOutcome:
+    """A process that ended after the graceful signal (exit 0 unless told otherwise)."""
+    return ProcessOutcome(pid=pid, name="engine" if depth == 0 else "child",
+                          start_time=float(pid), depth=depth, fate=fate, signal=signal,
+                          exit_code=exit_code)
+
+
+def key(process: ProcessOutcome) -> OutcomeKey:
+    return (process.pid, process.start_time)
+
+
+# --- the harness ----------------------------------------------------------------------------
+
+CONFIG = DrainConfig(budget_s=30.0, tier_timeout_s=5.0, confirm_s=1.0,
+                     termination_share=0.4, min_drain_s=0.0, prekill_timeout_s=2.0)
+"""30 s: 18 s migration, 12 s termination; no minimum drain; 2 s for the pre-kill hooks."""
+
+
+@dataclass
+class Harness:
+    """One controller with its fakes; ``outcomes`` and ``finished`` record the callbacks."""
+
+    clock: ManualClock
+    machine: PhaseMachine
+    changes: FakeChanges
+    fleet: FakeFleet
+    kill: FakeKill
+    controller: DrainController
+    outcomes: list[ProcessOutcome]
+    finished: list[DrainRecord]
+
+    @classmethod
+    def build(cls, config: DrainConfig = CONFIG, fleet: FakeFleet | None = None, *,
+              callbacks: bool = True) -> Harness:
+        """``callbacks=False``: a controller built without ``on_outcome`` and ``on_finished``
+        (the lists then stay empty)."""
+        clock = ManualClock()
+        machine = PhaseMachine(clock=clock)
+        changes = FakeChanges(clock, machine)
+        fleet = fleet if fleet is not None else FakeFleet()
+        kill = FakeKill(clock)
+        outcomes: list[ProcessOutcome] = []
+        finished: list[DrainRecord] = []
+        controller = DrainController(machine=machine, changes=changes, fleet=fleet, kill=kill,
+                                     config=config,
+                                     on_outcome=outcomes.append if callbacks else None,
+                                     on_finished=finished.append if callbacks else None,
+                                     clock=clock)
+        return cls(clock, machine, changes, fleet, kill, controller, outcomes, finished)
+
+    def phases(self) -> list[Phase]:
+        return [t.phase for t in self.machine.timeline]
+
+    def entered(self, phase: Phase) -> float:
+        """When the machine last entered ``phase``."""
+        return [t.at for t in self.machine.timeline if t.phase is phase][-1]
+
+    async def finish(self) -> DrainRecord:
+        """Run the drain to its end (it needs no real time: the fakes never sleep)."""
+        assert await self.controller.wait(10.0), "the drain did not end"
+        assert self.controller.last is not None
+        return self.controller.last
