@@ -44,7 +44,7 @@ from coordinator.drain.budget import (
     split_budget,
 )
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.outcome import judge
+from coordinator.drain.outcome import Verdict, judge
 from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachine
 from coordinator.errors import DrainConflict, RefusedTarget
 from coordinator.kill.policy import KillPolicy, Target
@@ -250,7 +250,7 @@ class DrainController:
         self.machine.advance(Phase.DRAINING, note=reason)
         self.fleet.drain_started(drain)
         self._launch()
-        self.fleet.persist()
+        self._persist_soon(drain)
         log.info("drain started (%s): budget %.1fs, migration %.1fs, termination %.1fs",
                  reason, split.total_s, split.migration_s, split.termination_s)
         return drain, False
@@ -259,12 +259,25 @@ class DrainController:
         drain.force = True
         log.warning("drain escalated to force in %s", self.phase)
         self.machine.bump()
-        self.fleet.persist()
         self.changes.notify()  # ends the wait of draining, migrating or the pre-kill hooks
         if self._killing:
             # A call joining the running kill with a force policy escalates it.
             self._escalation = asyncio.ensure_future(
                 self.kill([], self._policy(drain), on_update=self._record_outcome, prior=None))
+            self._escalation.add_done_callback(
+                lambda task: self._escalation_done(drain, task))
+        self._persist_soon(drain)
+
+    def _escalation_done(self, drain: DrainRecord, task: asyncio.Task[KillReport]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._failed(drain, "escalating the kill", task.exception() or Exception())
+
+    def _persist_soon(self, drain: DrainRecord) -> None:
+        """Schedule a state write; bookkeeping that fails is recorded, never raised."""
+        try:
+            self.fleet.persist()
+        except Exception as exc:
+            self._failed(drain, "persisting the state", exc)
 
     def abort(self) -> DrainRecord:
         """Return to ``serving``; ``DrainConflict`` once terminating (or when not draining)."""
@@ -342,7 +355,7 @@ class DrainController:
             if self.phase is Phase.DRAINING:
                 await self._wait_until(deadlines.min_drain_until, lambda: drain.force)
                 self.machine.advance(Phase.MIGRATING)
-                self.fleet.persist()
+                self._persist_soon(drain)
             # 2. migrating: until every worker is drained and every handoff acknowledged.
             if self.phase is Phase.MIGRATING:
                 await self._wait_until(
@@ -384,16 +397,24 @@ class DrainController:
             drain.lost_requests = self.fleet.lost_requests(drain)
         except Exception as exc:
             self._failed(drain, "counting lost requests", exc)
-        verdict = judge(list(drain.outcomes.values()), lost_requests=drain.lost_requests,
-                        errors=drain.errors, force=drain.force)
-        drain.outcome, drain.causes = verdict.outcome, list(verdict.causes)
+        verdict = self._judge(drain)
         drain.ended_at = self.clock()
         log_end = log.info if verdict.graceful else log.warning
         log_end("drain done: %s%s", verdict.outcome,
                 "".join(f"\n  - {cause}" for cause in verdict.causes))
-        self.machine.advance(Phase.DONE, note=drain.outcome)
-        await self._guarded(drain, "persisting the state", self._persist_now, judged=True)
-        self._finish(drain)
+        try:
+            self.machine.advance(Phase.DONE, note=verdict.outcome)
+            await self._guarded(drain, "persisting the state", self._persist_now,
+                                judged=True)
+        finally:
+            self._finish(drain)
+
+    @staticmethod
+    def _judge(drain: DrainRecord) -> Verdict:
+        verdict = judge(list(drain.outcomes.values()), lost_requests=drain.lost_requests,
+                        errors=drain.errors, force=drain.force)
+        drain.outcome, drain.causes = verdict.outcome, list(verdict.causes)
+        return verdict
 
     def _failed(self, drain: DrainRecord, step: str, exc: BaseException) -> None:
         """Record an internal failure on the drain; the drain goes on."""
@@ -410,9 +431,8 @@ class DrainController:
             raise
         except Exception as exc:
             self._failed(drain, step, exc)
-            if judged and drain.outcome == "graceful":
-                drain.outcome = "error"
-                drain.causes.append(drain.errors[-1])
+            if judged:  # the verdict is already out: judge again with this error
+                self._judge(drain)
 
     async def _kill(self, drain: DrainRecord) -> KillReport | None:
         """The ordered kill; never raises. A kill that fails unexpectedly is run again once,

@@ -800,10 +800,6 @@ async def test_a_refused_target_is_dropped_and_the_others_still_killed(make: Mak
 # --- failing bookkeeping: the kill runs anyway ----------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True, raises=OSError,
-    reason="start() calls fleet.persist() unguarded: its failure is raised to the caller of a "
-           "drain that did start, and never reaches drain.errors")
 async def test_a_failing_persist_at_start_is_recorded_and_the_drain_goes_on(
         make: Make) -> None:
     """1. the first persist (inside start()) raises;
@@ -827,7 +823,7 @@ async def test_a_failing_persist_entering_migrating_still_kills(make: Make) -> N
 
     assert len(h.kill.calls) == 1
     assert h.controller.phase is Phase.DONE
-    assert drain.errors == ["before the kill failed (OSError: state file write 2 failed)"]
+    assert drain.errors == ["persisting the state failed (OSError: state file write 2 failed)"]
     assert drain.outcome == "error"
 
 
@@ -866,10 +862,6 @@ async def test_a_failing_persist_at_done_turns_graceful_into_error(make: Make,
     assert "persisting the state failed" in drain.causes[0]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=AssertionError,
-    reason="after the verdict, _guarded(judged=True) adds a failure to causes only when the "
-           "verdict was graceful: a drain already non-graceful loses that cause")
 async def test_a_failing_persist_at_done_is_a_cause_of_a_non_graceful_drain(
         make: Make) -> None:
     """1. the kill needed SIGKILL (verdict ``killed``); the last persist fails;
@@ -885,11 +877,6 @@ async def test_a_failing_persist_at_done_is_a_cause_of_a_non_graceful_drain(
     assert any("persisting the state" in cause for cause in drain.causes)
 
 
-@pytest.mark.xfail(
-    strict=True, raises=OSError,
-    reason="_escalate calls fleet.persist() unguarded, before changes.notify() and before the "
-           "escalating kill: its failure raises out of start(force=True) and the running "
-           "kill is never escalated")
 async def test_a_failing_persist_on_escalation_still_escalates(make: Make) -> None:
     """1. the graceful kill runs (blocked); the persist of the escalation will raise;
     2. start(force=True) joins the drain;
