@@ -20,7 +20,7 @@ hold the coordinator's. Paths are compared as the reader's cgroup namespace show
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Mapping
+from collections.abc import Container, Mapping, Set
 from dataclasses import dataclass, field
 
 from coordinator.kill import callers, procfs
@@ -203,21 +203,21 @@ class Units:
                     break
         if not found:
             return [], []
-        spared = self._clients(found, snap)
+        spared_pids = clients_and_parents({f.stat.pid for f in found}, snap)
+        spared = [f for f in found if f.stat.pid in spared_pids]
         self.excluded |= {(f.stat.pid, f.stat.start_ticks) for f in spared}
-        spared_pids = {f.stat.pid for f in spared}
         return [f for f in found if f.stat.pid not in spared_pids], spared
 
-    @staticmethod
-    def _clients(found: list[Found], snap: Mapping[int, procfs.ProcStat]) -> list[Found]:
-        """The found processes that are clients of ours, and their found ancestors."""
-        by_pid = {f.stat.pid: f for f in found}
-        spared: dict[int, Found] = {}
-        for pid in callers.clients(by_pid):
-            while pid in by_pid and pid not in spared:
-                spared[pid] = by_pid[pid]
-                pid = snap[pid].ppid
-        return list(spared.values())
+
+def clients_and_parents(pids: Set[int], snap: Mapping[int, procfs.ProcStat]) -> set[int]:
+    """Those of ``pids`` that are clients of ours (``callers``), with their ancestors among
+    ``pids`` (a shell that runs the hook without ``exec``)."""
+    spared: set[int] = set()
+    for pid in callers.clients(pids):
+        while pid in pids and pid not in spared:
+            spared.add(pid)
+            pid = snap[pid].ppid if pid in snap else 0
+    return spared
 
 
 def ancestors(pid: int, snap: Mapping[int, procfs.ProcStat]) -> set[tuple[int, int]]:
