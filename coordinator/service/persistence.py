@@ -5,7 +5,8 @@ At start-up (``load``) the file is restored whole or not at all: one that cannot
 parsed, validated or turned into objects is set aside (``<path>.corrupt-<UTC time>``) and the
 coordinator starts fresh, serving. A drain in progress is resumed. A drain that is done ends
 its cycle when none of its processes still runs (same PID and start time; only those it
-left ``survived`` can): the coordinator serves again and shows the drain as ``last_drain``.
+left ``survived``, or a registered worker a failed kill did not list, can): the coordinator
+serves again and shows the drain as ``last_drain``.
 While some still run, it stays ``done`` (its summary is still the truth about the pod) until
 a new worker registers.
 
@@ -108,6 +109,7 @@ class StateKeeper:
         self.loaded.update(result="restored", phase=state.phase.value)
         if state.phase is Phase.DONE and state.drain is not None:
             running = await asyncio.to_thread(still_running, state.drain)
+            running += self._workers_alive(running)
             if running:
                 log.warning("the restored drain is done but %d of its processes still run "
                             "(pids %s): staying done until a new worker registers",
@@ -116,11 +118,23 @@ class StateKeeper:
                 self.coordinator.new_cycle("restart",
                                            "restarted; the done drain's processes are gone")
 
+    def left_running(self) -> list[ProcessOutcome]:
+        """What the finished drain left running: processes it reported ``survived`` that
+        still exist (reads ``/proc``), and registered workers whose process is still the one
+        that registered (a kill that failed may not have listed them)."""
+        drain = self.coordinator.controller.drain
+        running = still_running(drain) if drain is not None else []
+        return running + self._workers_alive(running)
+
+    def _workers_alive(self, listed: list[ProcessOutcome]) -> list[ProcessOutcome]:
+        known = {o.pid for o in listed}
+        return [ProcessOutcome(pid=w.pid, name=w.name, start_time=w.start_time, role=w.role)
+                for w in self.coordinator.registry.alive() if w.pid not in known]
+
     def admit(self, found: ProcessFacts) -> None:
         """A worker registers while the drain is done: start the next cycle (see the
         module docstring), or ``DrainConflict`` when it is one of the drain's processes."""
-        drain = self.coordinator.controller.drain
-        running = still_running(drain) if drain is not None else []
+        running = self.left_running()
         for outcome in running:
             if outcome.pid == found.pid and same_start(outcome.start_time, found.start_time):
                 raise DrainConflict(
