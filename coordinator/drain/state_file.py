@@ -283,8 +283,7 @@ class StateWriter:
         if recovered:
             log.warning("state file %s: writing again after %d failed attempt(s)", self.path,
                         self.failures)
-        if self._on_result is not None:
-            self._on_result(True)
+        self._tell(True)
 
     def _failed(self, exc: Exception) -> None:
         error = _describe(exc)
@@ -298,8 +297,15 @@ class StateWriter:
         if self._retry is None and not self._closed:
             self._retry = asyncio.get_running_loop().call_later(self._retry_s, self._retry_now)
             self._retry_s = min(RETRY_MAX_S, self._retry_s * 2)
-        if self._on_result is not None:
-            self._on_result(False)
+        self._tell(False)
+
+    def _tell(self, ok: bool) -> None:
+        if self._on_result is None:
+            return
+        try:
+            self._on_result(ok)
+        except Exception:  # the owner's bookkeeping must not reach the drain either
+            log.exception("state file %s: reporting a write result failed", self.path)
 
     def _retry_now(self) -> None:
         self._retry = None
