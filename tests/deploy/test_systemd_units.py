@@ -7,6 +7,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from coordinator import exit_codes
 from tests.deploy.rendering import REPO
 from tests.service.servers import FAST, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
@@ -212,21 +214,32 @@ def test_verify_catches_a_broken_drop_in(tmp_path: Path) -> None:
     assert "mixd" in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("engine_args", "stop_code", "main_status"),
+    [(("--graceful-main",), exit_codes.OK, 0),
+     ((), exit_codes.SIGNALLED, -signal.SIGKILL)],
+    ids=["graceful-main", "stock-sglang-sigkills-itself"],
+)
 def test_exec_stop_drains_the_engine_through_the_real_coordinator(
-    janitor: ProcessJanitor, tmp_path: Path, engine: Unit
+    janitor: ProcessJanitor, tmp_path: Path, engine: Unit, engine_args: tuple[str, ...],
+    stop_code: int, main_status: int,
 ) -> None:
-    """1. Start a simulated engine and a coordinator (token file, adopting the engine).
+    """1. Start a simulated engine (one whose main process exits 0 on SIGTERM, or one that
+       SIGKILLs itself as stock SGLang does) and a coordinator (token file, adopting it).
     2. Run the drop-in's ExecStop as systemd would: its command line with the unit's
        Environment= applied and %d pointing at the credentials directory.
-    3. It exits 0 and the engine's processes are gone before systemd's own SIGTERM.
+    3. It exits 0 only when the engine's main process really exited 0 (its wait status),
+       and every process of the engine, its main process included, is gone before systemd's
+       own SIGTERM.
     """
     ready = tmp_path / "engine.json"
     records = tmp_path / "records"
     records.mkdir()
-    janitor.spawn_python(
+    main = janitor.spawn_python(
         [
             *("-m", "coordinator.sim", "--port", "0", "--ready-file", str(ready)),
             *("--record-dir", str(records), "--schedulers", "2", "--no-watchdog"),
+            *engine_args,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -251,8 +264,8 @@ def test_exec_stop_drains_the_engine_through_the_real_coordinator(
         stderr=subprocess.STDOUT,
     )
     out, _ = stop.communicate(timeout=60)
-    assert stop.returncode == 0, out.decode() + running.log.read_text()
-    for process in info["processes"]:
-        assert not psutil.pid_exists(process["pid"]) or (
-            psutil.Process(process["pid"]).status() == psutil.STATUS_ZOMBIE
-        )
+    assert main.wait(timeout=60) == main_status
+    assert stop.returncode == stop_code, out.decode() + running.log.read_text()
+    pids = {info["pid"], *(p["pid"] for p in info["processes"])}
+    assert len(pids) == 4  # the main process, two schedulers, the detokenizer
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
