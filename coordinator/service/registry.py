@@ -2,7 +2,8 @@
 
 A worker's process is watched through a pidfd registered with the event loop (readable the
 moment the process exits), so a worker that dies is marked ``exited`` on its own, without
-polling. Where pidfds are unavailable a slow poll stands in.
+polling. Where pidfds are unavailable a slow poll stands in. ``on_exit`` hears of each exit
+at once (the coordinator scans for what the worker left behind before anything else).
 """
 
 from __future__ import annotations
@@ -136,8 +137,10 @@ class Worker:
 class WorkerRegistry:
     """The registered workers, keyed by id; ``on_change`` is called after every change."""
 
-    def __init__(self, on_change: Callable[[], None]) -> None:
+    def __init__(self, on_change: Callable[[], None],
+                 on_exit: Callable[[Worker], None] | None = None) -> None:
         self._on_change = on_change
+        self._on_exit_hook = on_exit
         self.workers: dict[str, Worker] = {}
         self._watches: dict[str, int] = {}
         self._polls: dict[str, asyncio.Task[None]] = {}
@@ -245,6 +248,11 @@ class WorkerRegistry:
         worker.state = WorkerState.EXITED
         worker.exited_at = time.time()
         worker.inflight = 0 if worker.inflight else worker.inflight
+        if self._on_exit_hook is not None:
+            try:
+                self._on_exit_hook(worker)
+            except Exception:
+                log.exception("worker exit hook failed for %s", worker.id)
         self._on_change()
 
 

@@ -64,7 +64,7 @@ class Coordinator:
         self.metrics = CoordinatorMetrics()
         self.machine = PhaseMachine(on_change=self._changed)
         self._timeline_seen = len(self.machine.timeline)
-        self.registry = WorkerRegistry(on_change=self.bump)
+        self.registry = WorkerRegistry(on_change=self.bump, on_exit=self.worker_exited)
         self.migrations = MigrationBook()
         self.notifier = Notifier(settings.ping_interval_s)
         self.doorbell = Doorbell.from_setting(settings.doorbell)
@@ -481,14 +481,28 @@ class Coordinator:
         targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted",
                               tiers=adopted_tiers)
                        for f in self.scan.adopted)
-        # Descendants of workers whose root already exited may have been re-parented away
-        # from their tree: take the last known ones by identity (gone ones are reported gone).
-        exited_roots = {w.pid for w in self.registry.workers.values() if not w.alive}
-        for outcome in self.scan.scanned.values():
-            if outcome.root_pid in exited_roots and outcome.depth > 0:
-                targets.append(Target(pid=outcome.pid, start_time=outcome.start_time,
-                                      role=outcome.role or "orphan", include_tree=True))
+        # What exited workers left behind (reparented away from their tree: found by their
+        # session, group or unit, or last listed under them) and what left a live tree, by
+        # identity (gone ones are reported gone). The preStop hook waiting on us is not.
+        for worker in self.registry.workers.values():
+            if not worker.alive:
+                self.scan.root_exited(worker.pid, worker.start_time)
+        live = [(t.pid, t.role) for t in targets]
+        targets.extend(Target(pid=o.pid, start_time=o.start_time, role=o.role or "orphan",
+                              include_tree=True)
+                       for o in self.scan.kill_remnants(live))
         return targets
+
+    def worker_exited(self, worker: Worker) -> None:
+        """A registered worker's process ended: list what it left behind (children it
+        started since the last scan, reparented away) at once, while no kill runs."""
+        self.scan.root_exited(worker.pid, worker.start_time)
+        if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+            return  # the kill's own discovery is at work
+        try:
+            self.scan.rescan_soon(self._roots())
+        except RuntimeError:
+            log.warning("worker %s exited with no event loop to scan from", worker.id)
 
     def budget_ended(self) -> None:
         expired = self.migrations.expire_all()

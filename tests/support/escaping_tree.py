@@ -12,7 +12,8 @@ Roles (``--role``):
   with ``--daemon orphan`` it double forks without ``setsid`` before it reports ready (the
   "daemon" is reparented away but stays in the root's session). Then, on SIGTERM, it writes
   ``DIR/child-<pid>.json`` and exits 0.
-- ``late``: on SIGTERM writes ``DIR/late-<pid>.json`` and exits 0.
+- ``late``: on SIGTERM writes ``DIR/late-<pid>.json`` and exits 0; with ``--late-setsid`` (given
+  to the root) it first leaves the root's session and group (``setsid``).
 
 A daemon writes ``DIR/daemon-<pid>.pid`` (``{"pid", "sid", "ppid", "start_ticks"}``) when it
 is up and ``DIR/daemon-<pid>.json`` when SIGTERM ends it. Every process handles SIGTERM with
@@ -103,7 +104,8 @@ def run_root(args: argparse.Namespace) -> None:
     while True:
         sig = signal.sigwait({signal.SIGTERM, signal.SIGUSR1})
         if sig == signal.SIGUSR1:
-            late = [spawn(args.dir, "late") for _ in range(args.late)]
+            extra = ["--late-setsid"] if args.late_setsid else []
+            late = [spawn(args.dir, "late", *extra) for _ in range(args.late)]
             write_json(args.dir / "late.json", {"pids": [info["pid"] for _, info in late]})
             os._exit(3)
         write_json(args.dir / f"root-{os.getpid()}.json", {"pid": os.getpid()})
@@ -113,6 +115,8 @@ def run_root(args: argparse.Namespace) -> None:
 
 
 def run_child(args: argparse.Namespace) -> None:
+    if args.late_setsid:
+        os.setsid()
     daemon = None
     if args.daemon in ("now", "orphan"):
         daemon = daemonize(args.dir, new_session=args.daemon == "now")
@@ -132,6 +136,7 @@ def main() -> None:
     parser.add_argument("--children", type=int, default=1)
     parser.add_argument("--daemon", choices=("none", "now", "on-term", "orphan"), default="none")
     parser.add_argument("--late", type=int, default=2)
+    parser.add_argument("--late-setsid", action="store_true")
     parser.add_argument("--tag", default="", help="only shows in the command line")
     args = parser.parse_args()
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGUSR1})
