@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,12 @@ class Tree:
 
     def pids(self, role: str | None = None) -> list[int]:
         return [int(p["pid"]) for p in self.processes if role is None or p["role"] == role]
+
+    @property
+    def pattern(self) -> str:
+        """A command-line regex that matches this tree's processes and no other's (for
+        ``--adopt-pattern`` and ``kill --pattern``): every node names its record directory."""
+        return rf"tests\.kill\.trees .* {re.escape(str(self.record_dir))}( |$)"
 
     def markers(self, prefix: str = "") -> dict[int, dict[str, Any]]:
         """Records written by processes that finished their cleanup, by PID."""

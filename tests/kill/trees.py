@@ -10,8 +10,9 @@ their subtree to be up, then prints one JSON line ``[{"pid", "role", "depth"}, .
 whole subtree on stdout. The top node writes the same list to ``DIR/ready.json``.
 
 On SIGTERM a node runs its "cleanup" (sleeps ``teardown`` seconds), writes
-``DIR/<role>-<pid>.json`` with ``cleanup_finished: true`` and the time, and exits with
-``exit_code``. A node with ``pdeathsig`` asks the kernel to SIGKILL it when its parent dies,
+``DIR/<role>-<pid>.json`` with ``cleanup_finished: true``, the times and ``reaped`` (the exit
+code, ``-N`` for a signal, of each child it reaped, by PID: what its parent saw), and exits
+with ``exit_code``. A node with ``pdeathsig`` asks the kernel to SIGKILL it when its parent dies,
 so a parent killed before it ends its cleanup early (no marker). ``ignore_term`` ignores
 SIGTERM; ``forks: N`` forks N plain children at start (cheap: no new interpreter);
 ``sigkill_self`` ends the node with its own SIGKILL after its cleanup (as stock SGLang's
@@ -66,14 +67,19 @@ def start_children(spec: dict[str, Any], record_dir: Path, depth: int) -> list[d
     return subtree
 
 
+REAPED: dict[int, int] = {}
+"""Exit code (``Popen.returncode`` style: -N for a signal) of every child this node reaped."""
+
+
 def reap_children() -> None:
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        REAPED[pid] = os.waitstatus_to_exitcode(status)
 
 
 def serve_until_term(spec: dict[str, Any], record_dir: Path, role: str) -> None:
@@ -92,7 +98,8 @@ def serve_until_term(spec: dict[str, Any], record_dir: Path, role: str) -> None:
         write_json(
             record_dir / f"{role}-{os.getpid()}.json",
             {"pid": os.getpid(), "role": role, "cleanup_finished": True,
-             "signalled_at": signalled_at, "ended_at": time.time()},
+             "signalled_at": signalled_at, "ended_at": time.time(),
+             "reaped": {str(pid): code for pid, code in REAPED.items()}},
         )
         if spec.get("sigkill_self"):
             # Stock SGLang's kill_process_tree(include_parent=True): cleanup, then SIGKILL.
@@ -101,6 +108,7 @@ def serve_until_term(spec: dict[str, Any], record_dir: Path, role: str) -> None:
 
 
 def run_forked(record_dir: Path) -> None:
+    REAPED.clear()  # the parent's children are not this process's
     write_json(record_dir / f"forked-{os.getpid()}.json", {"pid": os.getpid()})
     serve_until_term({}, record_dir, "forked")
 
@@ -123,6 +131,7 @@ def main(argv: list[str]) -> None:
         # Cheap extra children (no new interpreter): each behaves like a plain node.
         pid = os.fork()
         if pid == 0:
+            REAPED.clear()
             serve_until_term({}, record_dir, "fork")
         subtree.append({"pid": pid, "role": "fork", "depth": depth + 1})
     if depth == 0:
