@@ -4,15 +4,22 @@ workers' event stream along the way."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
+from tests.kill.helpers import alive, start_tree
 from tests.service.servers import FAST, register, start_coordinator
-from tests.service.trees import start_tree
+from tests.service.truth import assert_summary_is_true
 from tests.support.processes import ProcessJanitor, wait_for
+
+FAMILY = {"role": "root", "children": [
+    {"role": "child", "children": [{"role": "grandchild"}, {"role": "grandchild"}]},
+    {"role": "child", "children": [{"role": "grandchild"}, {"role": "grandchild"}]},
+]}
+"""A root, 2 children, 4 grandchildren: each runs its cleanup on SIGTERM and records it."""
 
 
 def _long_poll(client: httpx.Client, since: int) -> dict[str, Any]:
@@ -27,11 +34,13 @@ def test_post_without_waiting_then_follow_status_to_done(
 ) -> None:
     """1. register a tree; 2. POST /drain {"wait": false, "reason": ...} answers 202 at once;
     3. long-poll /status with since=G: each answer has a higher generation, and the phases
-       seen go forward to done; 4. the summary lists every process with a final fate;
+       seen go forward to done; 4. the final document tells what really happened: every
+       process (and no other) listed once, each ran its own cleanup (its record), nothing
+       runs, the root's wait status is its exit code, the outcome graceful;
     5. ETag + If-None-Match answers 304 while nothing changes."""
     running = start_coordinator(janitor, tmp_path, *FAST)
-    tree = start_tree(janitor, tmp_path, children=2, grandchildren=2)
-    register(running, tree["pid"])
+    tree = start_tree(janitor, FAMILY, tmp_path / "tree")
+    register(running, tree.pid)
     with running.client() as client:
         started = client.post("/drain", json={"wait": False, "reason": "rollout",
                                               "deadline_s": 8})
@@ -47,8 +56,8 @@ def test_post_without_waiting_then_follow_status_to_done(
         order = ["draining", "migrating", "terminating", "done"]
         assert [order.index(p) for p in phases] == sorted(order.index(p) for p in phases)
         assert document["drain"]["reason"] == "rollout"
-        assert sorted(p["pid"] for p in document["processes"]) == sorted(tree["all"])
-        assert {p["fate"] for p in document["processes"]} <= {"exited", "gone"}
+        truth = assert_summary_is_true(document, tree, root_code=tree.root.wait(timeout=30))
+        assert {e.fate for e in truth.values()} == {"exited"}
         etag = client.get("/status").headers["etag"]
         assert client.get("/status", headers={"If-None-Match": etag}).status_code == 304
         metrics = httpx.get(running.url + "/metrics").text
@@ -62,12 +71,13 @@ def test_delete_aborts_before_terminating_and_409_after(
     2. the worker reports 1 request in flight, so the drain holds in migrating;
     3. POST /drain wait=false: the stream gets a drain line, /readyz is 503;
     4. DELETE /drain: 200, phase serving, the stream gets abort, /readyz 200 again, and the
-       tree is untouched;
+       tree is untouched (every process runs; none got SIGTERM: none wrote its record);
     5. drain again; the worker reports 0 in flight; the stream gets terminate; the drain
-       reaches done; DELETE /drain now answers 409."""
+       reaches done, and its summary is what happened (the processes' records, their
+       parents' and the test's wait statuses, /proc); DELETE /drain now answers 409."""
     running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60")
-    tree = start_tree(janitor, tmp_path, children=1, grandchildren=1)
-    worker = register(running, tree["pid"], url="http://127.0.0.1:1")
+    tree = start_tree(janitor, {"children": [{"children": [{}]}]}, tmp_path / "tree")
+    worker = register(running, tree.pid, url="http://127.0.0.1:1")
     with running.client() as client, client.stream(
             "GET", worker["events_url"], timeout=60) as stream:
         lines = stream.iter_lines()
@@ -84,7 +94,8 @@ def test_delete_aborts_before_terminating_and_409_after(
         assert aborted.json()["phase"] == "serving"
         assert json.loads(next(lines))["type"] == "abort"
         assert httpx.get(running.url + "/readyz").status_code == 200
-        assert all(psutil.pid_exists(pid) for pid in tree["all"])
+        assert all(alive(pid) for pid in tree.pids())
+        assert tree.markers() == {}
         assert client.delete("/drain").status_code == 409
 
         assert client.post("/drain", json={"wait": False}).status_code == 202
@@ -96,35 +107,42 @@ def test_delete_aborts_before_terminating_and_409_after(
         done = client.get("/drain").json()
         assert done["phase"] == "done"
         assert client.delete("/drain").status_code == 409
+    assert_summary_is_true(done, tree, root_code=tree.root.wait(timeout=30))
 
 
 def test_handoffs_stay_listed_until_acknowledged(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
     """1. register a worker that reports 2 in flight; drain; 2. the worker hands back two
-    requests and reports 0 in flight; 3. /status lists both migrations while the drain
-    waits in migrating;
+    requests and reports 0 in flight; 3. the drain is in migrating (not draining), and
+    /status lists both migrations there;
     4. a router acknowledges them (and one id never reported, which it remembers as
-       early): the drain moves on to done."""
+       early): the drain moves on to done, and its timeline shows it left migrating only
+       after the acknowledgement was sent; the summary is what happened to the tree."""
     running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60")
-    tree = start_tree(janitor, tmp_path, children=1, grandchildren=0)
-    worker = register(running, tree["pid"], url="http://w1")
+    tree = start_tree(janitor, {"children": [{}]}, tmp_path / "tree")
+    worker = register(running, tree.pid, url="http://w1")
     with running.client() as client:
         client.post(f"/workers/{worker['id']}/report", json={"inflight": 2})
         assert client.post("/drain", json={"wait": False}).status_code == 202
         handoffs = [{"request_id": "r1", "tokens": 7}, {"request_id": "r2", "tokens": 0}]
         client.post(f"/workers/{worker['id']}/report",
                     json={"inflight": 0, "handoffs": handoffs})
-        status = client.get("/status").json()
-        assert status["phase"] in ("draining", "migrating")
+        status = wait_for(lambda: (s := running.status())["phase"] == "migrating" and s,
+                          what="the drain in migrating")
         assert {(m["request_id"], m["worker"], m["tokens"], m["worker_url"])
                 for m in status["migrations"]} == {("r1", worker["id"], 7, "http://w1"),
                                                    ("r2", worker["id"], 0, "http://w1")}
+        acked_at = time.time()
         acked = client.post("/migrations/ack", json={"request_ids": ["r1", "r2", "zz"]})
         assert acked.json() == {"acked": ["r1", "r2"], "early": ["zz"], "unknown": []}
         done = client.get("/drain").json()
         assert done["phase"] == "done"
         assert done["migration_counts"]["acked"] == 2
         assert done["migrations"] == []
+    terminating = [t["at"] for t in done["timeline"] if t["phase"] == "terminating"]
+    assert len(terminating) == 1
+    assert terminating[0] >= acked_at
+    assert_summary_is_true(done, tree, root_code=tree.root.wait(timeout=30))
 
 
