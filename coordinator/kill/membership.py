@@ -6,11 +6,11 @@ cgroup and the mount namespace it was born in, though, and inside a container bo
 container's own. So a process is also one of a root's when it sits in the root's cgroup (or
 below it) or shares the root's mount namespace.
 
-A unit key is only used when it tells the engine apart from the coordinator: a cgroup that
-holds the coordinator too (a plain host, where everything sits in one cgroup) or the
-coordinator's own mount namespace says nothing about who started a process, and then
-membership adds nothing (``unit_of`` returns None) and only ancestry, groups and sessions
-count.
+A unit key is only used when it tells the engine apart from the coordinator, PID 1 and the
+coordinator's ancestors: a cgroup that holds one of them too (a plain host, where everything
+sits in one cgroup) or a mount namespace shared with one of them (the host's) says nothing
+about who started a process. Then membership adds nothing (``unit_of`` returns None) and only
+ancestry, groups and sessions count.
 
 Cgroups: the v2 path (the ``0::`` line of ``/proc/<pid>/cgroup``), else the v1 ``name=systemd``
 hierarchy, else the v1 ``pids`` one: the first of them where the root's cgroup does not
@@ -20,7 +20,7 @@ hold the coordinator's. Paths are compared as the reader's cgroup namespace show
 from __future__ import annotations
 
 import os
-from collections.abc import Container, Mapping, Set
+from collections.abc import Container, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 
 from coordinator.kill import callers, procfs
@@ -88,23 +88,36 @@ def within(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def unit_of(root: Placement, own: Placement | None) -> Unit | None:
-    """The keys of ``root``'s unit that do not also hold the coordinator (``own``); None when
-    none is usable (a plain host, or our own placement unknown)."""
+def unit_of(root: Placement, own: Placement | None,
+            others: Iterable[Placement] = ()) -> Unit | None:
+    """The keys of ``root``'s unit that hold neither the coordinator (``own``) nor any of
+    ``others`` (PID 1 and the coordinator's ancestors, as far as they can be read: a unit PID 1
+    is in is the whole host's); None when none is usable (a plain host, or ``own`` unknown)."""
     if own is None:
         return None
+    others = list(others)
     hierarchy = cgroup = None
     for name in HIERARCHIES:
         theirs, ours = root.cgroups.get(name), own.cgroups.get(name)
         if theirs is None or ours is None or within(ours, theirs):
             continue
+        if any(within(o.cgroups[name], theirs) for o in others if name in o.cgroups):
+            continue
         hierarchy, cgroup = name, theirs
         break
-    mnt = root.mnt if root.mnt is not None and own.mnt is not None and root.mnt != own.mnt \
-        else None
+    mnt = root.mnt
+    if mnt is not None and (own.mnt is None or mnt == own.mnt
+                            or any(o.mnt == mnt for o in others)):
+        mnt = None
     if cgroup is None and mnt is None:
         return None
     return Unit(hierarchy, cgroup, mnt)
+
+
+def bystanders() -> list[Placement]:
+    """The placements of PID 1 and of the coordinator's ancestors that can be read."""
+    found = (read(pid) for pid in dict.fromkeys([1, *procfs.ancestors()]))
+    return [p for p in found if p is not None]
 
 
 def read(pid: int, start_ticks: int | None = None) -> Placement | None:
@@ -153,6 +166,7 @@ class Units:
     container), with the ancestors of those clients."""
 
     own: Placement | None = field(default_factory=lambda: read(os.getpid()))
+    others: list[Placement] = field(default_factory=bystanders)
     roots: dict[int, Unit] = field(default_factory=dict)
     sessions: dict[int, int] = field(default_factory=dict)
     """Each root's session, as first seen."""
@@ -167,7 +181,7 @@ class Units:
             return
         self.seen.add(pid)
         placement = read(pid, snap[pid].start_ticks)
-        unit = None if placement is None else unit_of(placement, self.own)
+        unit = None if placement is None else unit_of(placement, self.own, self.others)
         if unit is not None:
             self.record(pid, unit, ancestors(pid, snap), snap[pid].sid)
 

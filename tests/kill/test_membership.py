@@ -29,6 +29,10 @@ def placement(v2: str | None = "/", systemd: str | None = "/", mnt: str | None =
     return Placement(cgroups, mnt)
 
 
+INIT = placement(v2="/init.scope", systemd="/init.scope")
+"""PID 1 of a host, in a cgroup of its own (as systemd puts itself)."""
+
+
 # --- parsing ----------------------------------------------------------------------------
 
 
@@ -50,32 +54,45 @@ def test_within_is_a_path_prefix_not_a_string_prefix() -> None:
 
 def test_unit_of_adds_nothing_on_a_plain_host() -> None:
     """Root and coordinator in one cgroup and one mount namespace: no usable key."""
-    assert membership.unit_of(placement(), placement()) is None
-    assert membership.unit_of(placement(), None) is None
+    assert membership.unit_of(placement(), placement(), [INIT]) is None
+    assert membership.unit_of(placement(), None, [INIT]) is None
 
 
 def test_unit_of_uses_v2_then_falls_back_to_v1() -> None:
     own = placement()
-    assert membership.unit_of(placement(v2="/engine"), own) == Unit("", "/engine", None)
+    assert membership.unit_of(placement(v2="/engine"), own, [INIT]) == Unit("", "/engine", None)
     # v2 unused (everything at its root), the v1 name=systemd hierarchy tells them apart
-    assert membership.unit_of(placement(systemd="/docker/abc"), own) == Unit(
+    assert membership.unit_of(placement(systemd="/docker/abc"), own, [INIT]) == Unit(
         "name=systemd", "/docker/abc", None)
-    assert membership.unit_of(placement(v2=None, systemd="/docker/abc"), own) == Unit(
+    assert membership.unit_of(placement(v2=None, systemd="/docker/abc"), own, [INIT]) == Unit(
         "name=systemd", "/docker/abc", None)
     pids = Placement({"pids": "/docker/abc"}, "mnt:[1]")
-    assert membership.unit_of(pids, Placement({"pids": "/"}, "mnt:[1]")) == Unit(
-        "pids", "/docker/abc", None)
+    host = Placement({"pids": "/"}, "mnt:[1]")
+    assert membership.unit_of(pids, host, [host]) == Unit("pids", "/docker/abc", None)
 
 
-def test_a_cgroup_that_holds_the_coordinator_is_not_the_engines() -> None:
+def test_a_cgroup_that_holds_the_coordinator_or_pid_1_is_not_the_engines() -> None:
     own = placement(v2="/pod/coordinator")
-    assert membership.unit_of(placement(v2="/pod"), own) is None
-    assert membership.unit_of(placement(v2="/pod/engine"), own) == Unit("", "/pod/engine", None)
+    assert membership.unit_of(placement(v2="/pod"), own, [INIT]) is None
+    assert membership.unit_of(placement(v2="/pod/engine"), own, [INIT]) == Unit(
+        "", "/pod/engine", None)
+    # PID 1 in the root's cgroup: the host's (or a container init we cannot tell apart)
+    assert membership.unit_of(placement(v2="/user.slice"), placement(v2="/docker/c"),
+                              [placement(v2="/user.slice/init.scope")]) is None
 
 
 def test_unit_of_uses_a_mount_namespace_of_its_own() -> None:
-    assert membership.unit_of(placement(mnt="mnt:[2]"), placement()) == Unit(None, None, "mnt:[2]")
-    assert membership.unit_of(placement(mnt="mnt:[2]"), placement(mnt=None)) is None
+    assert membership.unit_of(placement(mnt="mnt:[2]"), placement(), [INIT]) == Unit(
+        None, None, "mnt:[2]")
+    assert membership.unit_of(placement(mnt="mnt:[2]"), placement(mnt=None), [INIT]) is None
+    # the coordinator in a container of its own, the engine in the host's namespace
+    assert membership.unit_of(placement(mnt="mnt:[1]"), placement(mnt="mnt:[3]"), [INIT]) is None
+    # PID 1's namespace unreadable: an ancestor of ours in the host's namespace tells it
+    unreadable = placement(mnt=None)
+    assert membership.unit_of(placement(mnt="mnt:[1]"), placement(mnt="mnt:[3]"),
+                              [unreadable, placement(mnt="mnt:[1]")]) is None
+    assert membership.unit_of(placement(mnt="mnt:[2]"), placement(mnt="mnt:[3]"),
+                              [unreadable]) == Unit(None, None, "mnt:[2]")
 
 
 def test_unit_holds_its_subtree_and_its_mount_namespace() -> None:
@@ -124,7 +141,7 @@ def test_own_placement_is_readable_and_not_a_unit() -> None:
     assert own is not None
     assert own.mnt is not None
     assert "" in own.cgroups
-    assert membership.unit_of(own, membership.read(os.getpid())) is None
+    assert membership.unit_of(own, membership.read(os.getpid()), membership.bystanders()) is None
     assert membership.read(os.getpid(), start_ticks=1) is None  # another process's ticks
 
 
