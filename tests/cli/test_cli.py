@@ -14,8 +14,9 @@ import pytest
 
 from coordinator import exit_codes
 from coordinator.cli import main
+from tests.kill.helpers import alive, start_tree
 from tests.service.servers import FAST, ROOT, register, start_coordinator
-from tests.service.trees import start_tree
+from tests.service.truth import assert_summary_is_true
 from tests.support.processes import ProcessJanitor, wait_for
 
 TOKEN = "cli-token"
@@ -32,10 +33,14 @@ def test_drain_of_a_graceful_tree_exits_0_with_progress_and_summary(
 ) -> None:
     """1. a coordinator with a token and a registered tree;
     2. run `python -m coordinator drain --url ... --token-file ...` as a real process;
-    3. it prints progress lines on stderr, the summary on stdout, and exits 0."""
+    3. it prints progress lines on stderr, the summary (naming every process) on stdout, and
+       exits 0;
+    4. that is what happened: every process ran its cleanup (its own record), nothing
+       runs, every exit code its parent (or the test) saw is 0, and /status says so."""
     running = start_coordinator(janitor, tmp_path, *FAST, token=TOKEN)
-    tree = start_tree(janitor, tmp_path, children=2, grandchildren=1)
-    register(running, tree["pid"])
+    tree = start_tree(janitor, {"children": [{"children": [{}]}, {"children": [{}]}]},
+                      tmp_path / "tree")
+    register(running, tree.pid)
     done = subprocess.run(
         [sys.executable, "-m", "coordinator", "drain", "--url", running.url, "--token-file",
          _token_file(tmp_path), "--reason", "cli test"],
@@ -43,31 +48,43 @@ def test_drain_of_a_graceful_tree_exits_0_with_progress_and_summary(
     assert done.returncode == exit_codes.OK, done.stderr
     assert "[done]" in done.stderr
     assert "outcome     graceful" in done.stdout
-    for pid in tree["all"]:
+    for pid in tree.pids():
         assert str(pid) in done.stdout
+    with running.client() as client:
+        status = client.get("/status").json()
+    truth = assert_summary_is_true(status, tree, root_code=tree.root.wait(timeout=30))
+    assert {(e.fate, e.exit_code) for e in truth.values()} == {("exited", 0)}
 
 
 def test_drain_that_needed_sigkill_exits_killed(
     janitor: ProcessJanitor, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """1. register a tree with a child that ignores SIGTERM; 2. `drain --json`;
-    3. exit code KILLED, and the JSON summary says which process was killed."""
+    3. exit code KILLED; the stubborn child alone wrote no cleanup record and its parent saw
+       it die of SIGKILL; the JSON summary agrees on every process and names that one
+       killed."""
     running = start_coordinator(janitor, tmp_path, *FAST)
-    tree = start_tree(janitor, tmp_path, children=1, grandchildren=0, stubborn=1)
-    register(running, tree["pid"])
+    tree = start_tree(janitor, {"children": [{}, {"role": "stubborn", "ignore_term": True}]},
+                      tmp_path / "tree")
+    register(running, tree.pid)
     code = main(["drain", "--url", running.url, "--json", "--quiet"])
     assert code == exit_codes.KILLED
     summary = json.loads(capsys.readouterr().out)
+    truth = assert_summary_is_true(summary, tree, root_code=tree.root.wait(timeout=30))
+    (stubborn,) = tree.pids("stubborn")
+    assert [pid for pid, e in truth.items() if not e.cleanup] == [stubborn]
+    assert truth[stubborn].exit_code == -9
     killed = [p["pid"] for p in summary["processes"] if p["fate"] == "killed"]
-    assert killed == [tree["children"][-1]]
+    assert killed == [stubborn]
 
 
 def test_an_aborted_drain_exits_aborted(janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. a worker reports 1 in flight so the drain holds in migrating; 2. `drain` runs in a
-    thread; 3. DELETE /drain; 4. the command exits ABORTED."""
+    thread; 3. DELETE /drain; 4. the command exits ABORTED, and the tree still runs with
+    no process signalled (none wrote its cleanup record)."""
     running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60")
-    tree = start_tree(janitor, tmp_path, children=1, grandchildren=0)
-    worker = register(running, tree["pid"])
+    tree = start_tree(janitor, {"children": [{}]}, tmp_path / "tree")
+    worker = register(running, tree.pid)
     httpx.post(f"{running.url}/workers/{worker['id']}/report", json={"inflight": 1})
     codes: list[int] = []
     thread = threading.Thread(target=lambda: codes.append(
@@ -77,6 +94,8 @@ def test_an_aborted_drain_exits_aborted(janitor: ProcessJanitor, tmp_path: Path)
     assert httpx.delete(running.url + "/drain").status_code == 200
     thread.join(timeout=60)
     assert codes == [exit_codes.ABORTED]
+    assert all(alive(pid) for pid in tree.pids())
+    assert tree.markers() == {}
 
 
 def test_status_table_and_json(
@@ -85,8 +104,8 @@ def test_status_table_and_json(
     """1. register a tree; 2. `status` prints a table naming the worker; 3. `status --json`
     prints the document."""
     running = start_coordinator(janitor, tmp_path, *FAST, token=TOKEN)
-    tree = start_tree(janitor, tmp_path, children=1, grandchildren=0)
-    worker = register(running, tree["pid"], role="engine")
+    tree = start_tree(janitor, {"children": [{}]}, tmp_path / "tree")
+    worker = register(running, tree.pid, role="engine")
     token = ["--url", running.url, "--token-file", _token_file(tmp_path)]
     assert main(["status", *token]) == exit_codes.OK
     text = capsys.readouterr().out
