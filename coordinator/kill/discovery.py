@@ -21,6 +21,7 @@ says how it was found. Every admission checks identity (start ticks from the sca
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from functools import cached_property
@@ -33,6 +34,8 @@ from coordinator.kill.tiers import Member
 
 if TYPE_CHECKING:
     from coordinator.kill.table import Tracked
+
+log = logging.getLogger(__name__)
 
 
 class TreeDiscovery:
@@ -188,14 +191,23 @@ class TreeDiscovery:
         """Processes in a root's unit that ancestry, groups and sessions did not find (they
         daemonized, or were reparented away): non-roots of that tree, deepest first."""
         units = self._units
-        for t in list(self.live.values()):
-            target = self.targets.get(t.member.pid)
-            now = snap.get(t.member.pid)
-            if (target is not None and target.include_tree and not t.exited
-                    and now is not None and now.start_ticks == t.start_ticks):
-                units.add_root(t.member.pid, snap)
-        # A target's PID that failed its identity check belongs to another process now.
-        adopt, spared = units.search(snap, skip=self.live.keys() | self.targets | self.protected)
+        try:
+            for t in list(self.live.values()):
+                target = self.targets.get(t.member.pid)
+                now = snap.get(t.member.pid)
+                if (target is not None and target.include_tree and not t.exited
+                        and now is not None and now.start_ticks == t.start_ticks):
+                    units.add_root(t.member.pid, snap)
+            # A target's PID that failed its identity check belongs to another process now.
+            adopt, spared = units.search(
+                snap, skip=self.live.keys() | self.targets | self.protected)
+        except Exception as exc:
+            # Membership only ever adds processes: without it, the other rules still hold.
+            log.exception("unit membership failed")
+            note = f"unit membership failed ({type(exc).__name__}: {exc}): not used"
+            if note not in self.notes:
+                self.notes.append(note)
+            return []
         for f in spared:
             self.notes.append(
                 f"pid {f.stat.pid} ({f.stat.name}) in the engine's {f.where} was left alone: "

@@ -488,9 +488,14 @@ class Coordinator:
             if not worker.alive:
                 self.scan.root_exited(worker.pid, worker.start_time)
         live = [(t.pid, t.role) for t in targets]
+        try:
+            remnants = self.scan.kill_remnants(live)
+        except Exception:
+            log.exception("looking for what exited workers left behind failed")
+            remnants = [o for o in self.scan.scanned.values()
+                        if o.root_pid in self.scan.exited and o.depth > 0]
         targets.extend(Target(pid=o.pid, start_time=o.start_time, role=o.role or "orphan",
-                              include_tree=True)
-                       for o in self.scan.kill_remnants(live))
+                              include_tree=True) for o in remnants)
         return targets
 
     def worker_exited(self, worker: Worker) -> None:
