@@ -174,6 +174,18 @@ def descendants(
     return out
 
 
+def chain(pid: int, parent: Mapping[int, int]) -> list[int]:
+    """The parent chain of ``pid`` in a ``{pid: ppid}`` map, nearest first, up to PID 1."""
+    out: list[int] = []
+    seen = {pid}
+    current = parent.get(pid, 0)
+    while current > 0 and current not in seen:
+        out.append(current)
+        seen.add(current)
+        current = parent.get(current, 0)
+    return out
+
+
 def ancestors(pid: int | None = None) -> list[int]:
     """The parent chain of ``pid`` (default: the calling process), nearest first, up to PID 1."""
     current = os.getpid() if pid is None else pid

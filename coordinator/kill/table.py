@@ -109,7 +109,12 @@ class ProcessTable(TreeDiscovery):
     def _nest_roots(self) -> None:
         """A target inside another target's tree (adopting by pattern finds both) takes its
         place in that tree, so it is not ended together with its ancestor in the last tier."""
-        chains = {pid: procfs.ancestors(pid) for pid in self.live}
+        if len(self.live) < 2:
+            return  # one root cannot be inside another
+        # One /proc pass for every chain: reading each root's chain up to PID 1 costs a
+        # read per ancestor per root, which is most of the kill's CPU at hundreds of roots.
+        parent = {pid: stat.ppid for pid, stat in procfs.snapshot().items()}
+        chains = {pid: procfs.chain(pid, parent) for pid in self.live}
         for pid in sorted(chains, key=lambda p: len(chains[p])):
             t = self.live[pid]
             for distance, ancestor in enumerate(chains[pid], start=1):

@@ -166,3 +166,14 @@ def _status(pid: int) -> str:
 def _catches_term(pid: int) -> bool:
     line = next(x for x in _status(pid).splitlines() if x.startswith("SigCgt:"))
     return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+
+def test_chain_walks_a_parent_map_up_to_pid_1_and_stops_on_a_loop() -> None:
+    assert procfs.chain(40, {40: 30, 30: 20, 20: 1, 1: 0}) == [30, 20, 1]
+    assert procfs.chain(40, {}) == []
+    assert procfs.chain(40, {40: 30, 30: 40}) == [30]  # a torn snapshot cannot loop forever
+
+
+def test_chain_agrees_with_reading_proc() -> None:
+    parent = {pid: stat.ppid for pid, stat in procfs.snapshot().items()}
+    assert procfs.chain(os.getpid(), parent) == procfs.ancestors()
