@@ -2,16 +2,38 @@
 
 from __future__ import annotations
 
-import threading
+import http.client
+import json
 from pathlib import Path
-from typing import Any
+from urllib.parse import urlsplit
 
+from tests.kill.helpers import start_tree
 from tests.service.servers import FAST, register, start_coordinator
-from tests.service.trees import start_tree
-from tests.support.processes import ProcessJanitor
+from tests.support.processes import ProcessJanitor, wait_for
 
 ROUTER_KEYS = {"phase", "generation", "ready", "drain", "workers", "migrations",
                "migration_counts"}
+POLL_S = 3600
+"""A long-poll this long (and the coordinator's cap raised to it) cannot end by timing out
+while the test runs: an answer within the client's bound means the poll was woken."""
+
+
+def _tcp_queues(server_port: int, client_port: int) -> tuple[int, int] | None:
+    """(unacknowledged bytes the client sent, bytes waiting unread at the server) on the
+    loopback connection between the two ports, from /proc/net/tcp; None until it is up."""
+    client_tx = server_rx = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
+        if state != "01":  # ESTABLISHED
+            continue
+        ports = (int(local.split(":")[1], 16), int(remote.split(":")[1], 16))
+        tx, rx = (int(q, 16) for q in queues.split(":"))
+        if ports == (client_port, server_port):
+            client_tx = tx
+        elif ports == (server_port, client_port):
+            server_rx = rx
+    return None if client_tx is None or server_rx is None else (client_tx, server_rx)
 
 
 def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
@@ -21,15 +43,21 @@ def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
     2. /status?view=router has exactly the router's keys (no processes), the same
        generation and workers, and its own ETag; If-None-Match with it answers 304, and
        the full document's ETag does not match it.
-    3. A router-view long-poll (wait=20, since=G) is woken by POST /drain and answers the
-       draining phase with a higher generation.
-    4. An unknown view is a 422."""
-    running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60")
-    tree = start_tree(janitor, tmp_path, children=2, grandchildren=1)
-    register(running, tree["pid"])
+    3. A router-view long-poll that nothing wakes ends at its wait unchanged: the same
+       generation, still serving.
+    4. A router-view long-poll (wait and cap an hour, since=G), once the coordinator has
+       read it (the connection's bytes are acknowledged and read, by /proc/net/tcp), is
+       woken by POST /drain: it answers (it could not have timed out) with a phase of the
+       drain and a higher generation.
+    5. An unknown view is a 422."""
+    running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60",
+                                "--long-poll-cap", str(POLL_S))
+    tree = start_tree(janitor, {"children": [{"children": [{}]}, {"children": [{}]}]},
+                      tmp_path / "tree")
+    register(running, tree.pid)
     with running.client() as client:
         full = client.get("/status")
-        assert len(full.json()["processes"]) == len(tree["all"])
+        assert len(full.json()["processes"]) == len(tree.pids()) == 5
         router = client.get("/status", params={"view": "router"})
         assert router.status_code == 200
         document = router.json()
@@ -45,18 +73,27 @@ def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
         assert mixed.status_code == 200
 
         since = document["generation"]
-        answer: dict[str, Any] = {}
+        unwoken = client.get("/status", params={"view": "router", "wait": 0.2, "since": since})
+        assert (unwoken.json()["generation"], unwoken.json()["phase"]) == (since, "serving")
 
-        def poll() -> None:
-            with running.client() as poller:
-                answer.update(poller.get("/status", params={
-                    "view": "router", "wait": 20, "since": since}).json())
-
-        poller = threading.Thread(target=poll)
-        poller.start()
-        assert client.post("/drain", json={"wait": False}).status_code == 202
-        poller.join(timeout=60)
+        url = urlsplit(running.url)
+        host, port = url.hostname, url.port
+        assert host is not None
+        assert port is not None
+        poll = http.client.HTTPConnection(host, port, timeout=60)
+        try:
+            poll.connect()
+            client_port = poll.sock.getsockname()[1]
+            poll.request("GET", f"/status?view=router&wait={POLL_S}&since={since}")
+            wait_for(lambda: _tcp_queues(port, client_port) == (0, 0),
+                     what="the coordinator to read the long-poll")
+            assert client.post("/drain", json={"wait": False}).status_code == 202
+            response = poll.getresponse()
+            assert response.status == 200
+            answer = json.loads(response.read())
+        finally:
+            poll.close()
         assert answer["generation"] > since
-        assert answer["phase"] != "serving"
-        assert "processes" not in answer
+        assert answer["phase"] in ("draining", "migrating", "terminating", "done")
+        assert set(answer) == ROUTER_KEYS
         assert client.get("/status", params={"view": "everything"}).status_code == 422
