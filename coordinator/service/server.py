@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import os
+import resource
 import signal
 import socket
 from collections.abc import Generator
@@ -35,6 +36,11 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 SHUTDOWN_BOUND_S = 5
 """Seconds uvicorn waits for open connections after the drain is over."""
+FD_LIMIT_WANTED = 65_536
+"""Soft ``RLIMIT_NOFILE`` the coordinator raises itself to (never above the hard limit).
+The kill holds one pidfd per process and the service one fd per connection: systemd's
+default soft limit of 1,024 is reached by a pod of a thousand processes, or by a thousand
+idle clients, and a kill must not be the thing that runs out."""
 
 
 def _pick(module: str, fallback: str, preferred: str) -> str:
@@ -81,6 +87,21 @@ class CoordinatorServer(uvicorn.Server):
         return await super().on_tick(counter)
 
 
+def raise_fd_limit(wanted: int = FD_LIMIT_WANTED) -> int:
+    """Raise the soft file descriptor limit towards ``wanted`` (up to the hard limit); returns
+    the soft limit in force. A limit that cannot be changed is left as it is."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (OSError, ValueError) as exc:
+            log.warning("could not raise the file descriptor limit from %d: %s", soft, exc)
+            return soft
+        return target
+    return soft
+
+
 def bind(host: str, port: int) -> socket.socket:
     """A listening socket (so the real port is known before serving, even with port 0)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -121,6 +142,8 @@ def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
     """Run until stopped; returns the process exit code (0 on a requested stop)."""
     logging.basicConfig(level=settings.log_level.upper().replace("TRACE", "DEBUG"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    limit = raise_fd_limit()
+    log.debug("file descriptor limit: %d", limit)
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     server = build_server(settings, kill=kill)

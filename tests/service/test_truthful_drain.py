@@ -4,17 +4,22 @@ lost requests are never ``graceful``, and a drain with nothing to stop says so."
 
 from __future__ import annotations
 
+import contextlib
+import resource
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from coordinator import exit_codes
 from tests.kill.helpers import alive, start_tree
 from tests.service.servers import ROOT, Running, register, start_coordinator
-from tests.support.processes import ProcessJanitor
+from tests.support.processes import ProcessJanitor, wait_for
 
 SGLANG_SHAPED = {
     "role": "tokenizer-manager",
@@ -144,3 +149,50 @@ def test_a_drain_with_nothing_to_stop_says_so(janitor: ProcessJanitor, tmp_path:
     assert "nothing" in result.stderr.lower()
     assert running.status()["outcome"] == "nothing_to_drain"
     assert "nothing_to_drain" in running.log.read_text()
+
+
+@contextlib.contextmanager
+def soft_fd_limit(limit: int) -> Iterator[None]:
+    """Processes started inside inherit this soft ``RLIMIT_NOFILE`` (systemd's default)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_a_drain_holds_with_1100_idle_clients_connected(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. start the coordinator with systemd's default soft fd limit (1,024), and register
+       a tree of four processes;
+    2. hold 1,100 idle connections to it, so every fd it opens from then on (the kill's
+       pidfds) is numbered above 1,024;
+    3. GET /drain on one more connection;
+    4. every process of the tree got SIGTERM, ran its cleanup (its own record) and exited 0,
+       and the summary agrees, outcome ``graceful``."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 4096:
+        pytest.skip(f"hard RLIMIT_NOFILE {hard} leaves no room for 1,100 connections")
+    tree = start_tree(janitor, {"children": [{"role": "scheduler",
+                                              "children": [{"role": "tp-worker"}]},
+                                             {"role": "detokenizer"}]}, tmp_path / "tree")
+    with soft_fd_limit(1024):
+        running = start_coordinator(janitor, tmp_path)
+    register(running, tree.pid, role="engine")
+    host, port = running.url.removeprefix("http://").rsplit(":", 1)
+    with contextlib.ExitStack() as stack:
+        for _ in range(1100):
+            stack.enter_context(socket.create_connection((host, int(port)), timeout=30))
+        # Every connection accepted: the coordinator holds an fd for each.
+        wait_for(lambda: len(list(Path(f"/proc/{running.proc.pid}/fd").iterdir())) > 1100,
+                 what="the coordinator to accept 1,100 connections")
+        summary = get_drain(running)
+    assert sorted(tree.markers()) == sorted(tree.pids())
+    assert tree.root.wait(timeout=30) == 0
+    processes = {p["pid"]: p for p in summary["processes"]}
+    assert sorted(processes) == sorted(tree.pids())
+    assert all((p["fate"], p["exit_code"]) == ("exited", 0) for p in processes.values()), \
+        processes
+    assert summary["outcome"] == "graceful"
