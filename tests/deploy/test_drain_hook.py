@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -220,15 +221,28 @@ def test_hook_gives_up_when_nothing_listens(janitor: ProcessJanitor) -> None:
 def test_hook_waits_for_a_restarting_coordinator(
     janitor: ProcessJanitor, drain: FakeDrain, token_file: Path
 ) -> None:
-    """1. Start the hook while nothing listens yet (a coordinator container restarting).
-    2. Start the server on that port.
-    3. The hook's retry reaches it and the drain completes: exit 0.
+    """1. Something holds the coordinator's port but is going away (a coordinator container
+       restarting): it accepts the hook's first connection and resets it unanswered.
+    2. Only then does the coordinator come back on that port.
+    3. The hook retried: its second attempt reaches the coordinator, the drain completes,
+       exit 0; the coordinator got exactly one GET /drain (the reset attempt never reached
+       it).
     """
     port = _free_port()
-    proc = _run_hook(
-        janitor,
-        ["--url", f"http://127.0.0.1:{port}", "--token-file", str(token_file)],
-    )
+    with socket.socket() as going_away:
+        going_away.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        going_away.bind(("127.0.0.1", port))
+        going_away.listen(1)
+        going_away.settimeout(HOOK_EXIT_S)
+        proc = _run_hook(
+            janitor,
+            ["--url", f"http://127.0.0.1:{port}", "--token-file", str(token_file)],
+        )
+        first, _ = going_away.accept()
+        # Linger 0: close with a reset, as a dying process's sockets are.
+        first.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        first.close()
+    assert proc.poll() is None
     srv = _serve(drain, port)
     try:
         drain.hold.set()
