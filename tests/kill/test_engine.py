@@ -194,17 +194,26 @@ async def test_a_non_existent_pid_is_reported_gone() -> None:
 async def test_a_second_concurrent_run_joins_the_first(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
-    """1. a tree with slow cleanup; 2. two Terminator.run calls at once (the second with other
-    arguments); 3. both get the same report; 4. the second call's arguments were ignored."""
+    """1. a tree with slow cleanup; 2. a Terminator.run call, and once it reported its first
+    process, a second call with other targets and a tier timeout shorter than the cleanup;
+    3. both get the same report; 4. the second call's arguments were ignored: the other
+    process was left alone, and nothing was SIGKILLed (every process ran its cleanup, its
+    own record says so)."""
     tree = start_tree(janitor, {"teardown": 0.3, "children": [{"teardown": 0.3}]}, tmp_path)
     other = janitor.spawn_python(SLEEPER)
     terminator = Terminator()
-    first = asyncio.ensure_future(terminator.run([Target(tree.pid)], KillPolicy(deadline_s=30)))
-    await asyncio.sleep(0)
+    reported = asyncio.Event()
+    first = asyncio.ensure_future(terminator.run(
+        [Target(tree.pid)], KillPolicy(tier_timeout_s=30, deadline_s=60),
+        on_update=lambda _: reported.set()))
+    await asyncio.wait_for(reported.wait(), 30)
     assert terminator.running
-    second = await terminator.run([Target(other.pid)], KillPolicy(force=True))
+    second = await terminator.run([Target(other.pid)],
+                                  KillPolicy(tier_timeout_s=0.05, deadline_s=1))
     assert second is await first
     assert sorted(o.pid for o in second.processes) == sorted(tree.pids())
+    assert {o.fate for o in second.processes} == {Fate.EXITED}
+    assert sorted(tree.markers()) == sorted(tree.pids())
     assert alive(other.pid)
     assert not terminator.running
 
@@ -261,18 +270,22 @@ async def test_prior_outcomes_of_processes_no_longer_there_are_reported() -> Non
 
 
 async def test_polling_fallback_reports_itself(janitor: ProcessJanitor, tmp_path: Path) -> None:
-    """1. a small tree; 2. a kill with pidfds switched off (as on a kernel without them);
-    3. everything exited, our child's exit code is known, the report says exits were polled."""
-    tree = start_tree(janitor, {"children": [{"exit_code": 4}]}, tmp_path)
+    """1. a small tree whose root leaves its exited child a zombie until its own SIGTERM;
+    2. a kill with pidfds switched off (as on a kernel without them);
+    3. everything exited, the report says exits were polled, and both exit codes are known
+       and true: the root's (the test's wait status) and the child's (from its zombie;
+       what its parent reaped)."""
+    tree = start_tree(janitor, {"reap": False, "children": [{"exit_code": 4}]}, tmp_path)
     run = KillRun([Target(tree.pid)], KillPolicy(deadline_s=30), use_pidfd=False)
     report = await run.run()
     assert report.exit_detection == "poll"
     assert any("polling" in n for n in report.notes)
     assert {o.fate for o in report.processes} == {Fate.EXITED}
     codes = {o.pid: o.exit_code for o in report.processes}
-    assert codes[tree.pid] == 0
-    # Another parent's child is often reaped before a poll sees its zombie: then unknown.
-    assert codes[tree.pids()[1]] in (4, None)
+    child = tree.pids()[1]
+    assert codes == {tree.pid: 0, child: 4}
+    assert tree.root.wait(timeout=30) == 0
+    assert tree.markers()[tree.pid]["reaped"] == {str(child): 4}
 
 
 async def test_hundreds_of_processes_end_in_one_pass(

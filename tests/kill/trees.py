@@ -19,7 +19,7 @@ SIGTERM; ``forks: N`` forks N plain children at start (cheap: no new interpreter
 ``kill_process_tree(include_parent=True)`` does); ``fork_on_term`` forks a new process on
 SIGTERM (which writes ``DIR/forked-<pid>.json`` at birth and behaves like a plain node).
 Every node reaps its children as they exit, so their exit status is gone from ``waitid`` for
-anyone else.
+anyone else; one with ``reap: false`` leaves them zombies until its own SIGTERM.
 """
 
 from __future__ import annotations
@@ -88,7 +88,8 @@ def serve_until_term(spec: dict[str, Any], record_dir: Path, role: str) -> None:
     while True:
         sig = signal.sigwait(waited)
         if sig == signal.SIGCHLD:
-            reap_children()
+            if spec.get("reap", True):
+                reap_children()
             continue
         if spec.get("fork_on_term") and os.fork() == 0:
             run_forked(record_dir)
