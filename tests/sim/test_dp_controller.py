@@ -17,6 +17,7 @@ def test_killing_the_controller_kills_its_schedulers_mid_cleanup(start_sim: Star
     engine = start_sim(dp=2, watchdog=False, teardown_s=30)
     (controller,) = engine.pids("dp_controller")
     schedulers = engine.pids("scheduler")
+    assert len(schedulers) == 2
     for pid in schedulers:
         os.kill(pid, signal.SIGTERM)
     for pid in schedulers:
@@ -39,6 +40,7 @@ def test_controller_stops_its_schedulers_before_it_exits(start_sim: StartEngine)
     engine = start_sim(dp=2, watchdog=False, teardown_s=0.2)
     (controller,) = engine.pids("dp_controller")
     schedulers = engine.pids("scheduler")
+    assert len(schedulers) == 2
     os.kill(controller, signal.SIGTERM)
     end = wait_ended(engine, controller)
     assert (end["cleanup"], end["exit_code"]) == ("finished", 0)
@@ -60,6 +62,7 @@ def test_without_propagation_the_schedulers_die_uncleanly(start_sim: StartEngine
     engine = start_sim(dp=2, dp_no_propagate=True, watchdog=False, teardown_s=0.2)
     (controller,) = engine.pids("dp_controller")
     schedulers = engine.pids("scheduler")
+    assert len(schedulers) == 2
     os.kill(controller, signal.SIGTERM)
     end = wait_ended(engine, controller)
     assert (end["cleanup"], end["exit_code"]) == ("finished", 0)

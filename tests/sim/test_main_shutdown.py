@@ -22,7 +22,10 @@ def test_stock_main_sigkills_its_tree_and_itself(start_sim: StartEngine) -> None
     os.kill(engine.pid, signal.SIGTERM)
     assert engine.proc.wait(timeout=STOP_TIMEOUT_S) == -signal.SIGKILL
     wait_gone(*(p.pid for p in engine.processes[1:]))
-    for record in engine.records():
+    records = engine.records()
+    assert len(records) == len(engine.processes) == 4
+    assert sorted(r["pid"] for r in records) == sorted(p.pid for p in engine.processes)
+    for record in records:
         if record["role"] == "main":
             assert (record["signal"], record["cleanup"]) == ("SIGTERM", "interrupted")
             assert record["exit_code"] == -signal.SIGKILL
@@ -58,6 +61,7 @@ async def test_graceful_main_hands_back_and_stops_children_first(
     assert await asyncio.to_thread(engine.proc.wait, STOP_TIMEOUT_S) == 0
     records = engine.records()
     assert len(records) == len(engine.processes)
+    assert sorted(r["pid"] for r in records) == sorted(p.pid for p in engine.processes)
     main = next(r for r in records if r["role"] == "main")
     for record in records:
         assert record["signal"] == "SIGTERM", record
@@ -85,6 +89,7 @@ def test_graceful_main_sigkills_a_child_that_ignores_sigterm(start_sim: StartEng
     assert record["signal"] == "SIGTERM"
     assert record["detail"] == "ignored SIGTERM"
     assert (record["cleanup"], record["ended_at"]) == ("not started", None)
-    for p in engine.processes[1:]:
-        if p.pid != stubborn:
-            wait_record(engine, p.pid, cleanup="finished", exit_code=0)
+    others = [p.pid for p in engine.processes[1:] if p.pid != stubborn]
+    assert len(others) == 2  # the other scheduler and the detokenizer
+    for pid in others:
+        wait_record(engine, pid, cleanup="finished", exit_code=0)

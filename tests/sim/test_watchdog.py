@@ -23,6 +23,7 @@ def test_a_dead_child_makes_the_watchdog_kill_the_tree(start_sim: StartEngine) -
     engine = start_sim()
     victim = engine.pids("scheduler")[1]
     others = [p.pid for p in engine.processes[1:] if p.pid != victim]
+    assert len(others) == 2  # the other scheduler and the detokenizer
     os.kill(victim, signal.SIGKILL)
 
     assert engine.proc.wait(timeout=STOP_TIMEOUT_S) == -signal.SIGKILL
