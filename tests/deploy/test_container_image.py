@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from coordinator import settings
 from tests.deploy import dockerfile
 from tests.deploy.rendering import REPO
 from tests.service.servers import start_coordinator
@@ -107,7 +108,6 @@ def test_default_port_matches_the_coordinator_and_the_manifests(final: dockerfil
     """1. The image exposes the port it configures in SHUTDOWN_COORDINATOR_PORT.
     2. That is the coordinator's default and the port the Kubernetes base uses.
     """
-    settings = pytest.importorskip("coordinator.settings")
     exposed = final.last("EXPOSE")
     assert exposed is not None
     env = " ".join(i.arguments for i in final.all("ENV"))

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate import utils as kv_utils
 
+from coordinator.drain import budget
 from tests.deploy import crd_schemas
 from tests.deploy.invariants import CHECKS
 from tests.deploy.rendering import (
@@ -162,7 +163,6 @@ def test_documented_budget_matches_the_overlay(overlay: str, renders: dict[str, 
     2. Split the budget with the coordinator's own arithmetic (coordinator.drain.budget).
     3. docs/deploy.md's budget table shows exactly those numbers for the overlay.
     """
-    budget = pytest.importorskip("coordinator.drain.budget")
     settings = renders[overlay].settings
     grace = float(settings["SHUTDOWN_COORDINATOR_GRACE_PERIOD_S"])
     margin = float(settings["SHUTDOWN_COORDINATOR_SAFETY_MARGIN_S"])

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import re
 
-import pytest
-
+from coordinator import settings
 from tests.deploy.rendering import REPO
 
 NAME = re.compile(r"SHUTDOWN_COORDINATOR_[A-Z0-9_]*[A-Z0-9]")
@@ -22,7 +21,6 @@ def test_deploy_files_name_only_known_settings() -> None:
     """1. Collect every SHUTDOWN_COORDINATOR_* name in deploy/.
     2. Each is a coordinator setting (ENV_PREFIX + field name) or a client variable.
     """
-    settings = pytest.importorskip("coordinator.settings")
     known = {settings.ENV_PREFIX + name.upper() for name in settings.Settings.model_fields}
     known |= CLIENT_NAMES
     used: dict[str, set[str]] = {}
