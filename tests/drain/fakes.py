@@ -6,6 +6,11 @@
     FakeFleet     the ``Fleet`` protocol, scripted per method, recording every call.
     FakeKill      a ``KillFn`` that plays one scripted step per call (report, raise, block).
     Harness       all of the above wired to one controller.
+
+Nothing here turns the event loop a number of times and hopes: ``Harness.until`` waits on
+the harness's ``activity`` event, which every fake sets after each call it records (and a
+change wait when it parks), and ``settle`` waits until every other task has ended, after
+which nothing scheduled can still act (so "nothing was killed" is conclusive).
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from coordinator.kill.report import Fate, KillReport, ProcessOutcome
 T0 = 1_000_000.0
 """Epoch seconds every manual clock starts at."""
 
-SPINS = 500
-"""Loop iterations ``until`` allows before it calls a condition never met (no test needs 50)."""
+BOUND_S = 10.0
+"""Real seconds ``until`` and ``settle`` allow before they fail (a passing test never waits:
+the fakes need no real time)."""
 
 
 class ManualClock:
@@ -44,19 +50,32 @@ class ManualClock:
         self.now += seconds
 
 
-async def until(condition: Callable[[], bool], what: str = "the condition") -> None:
-    """Let the loop run (zero-delay yields only) until ``condition()`` holds."""
-    for _ in range(SPINS):
-        if condition():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError(f"{what} never held")
+async def wait_until(activity: asyncio.Event, condition: Callable[[], bool],
+                     what: str = "the condition") -> None:
+    """Return once ``condition()`` holds, checking it again each time ``activity`` is set."""
+    try:
+        async with asyncio.timeout(BOUND_S):
+            while not condition():
+                activity.clear()
+                await activity.wait()
+    except TimeoutError:
+        raise AssertionError(f"{what} never held") from None
 
 
-async def spin(times: int = 20) -> None:
-    """Let every ready callback and task run a few rounds (no time passes)."""
-    for _ in range(times):
-        await asyncio.sleep(0)
+async def settle() -> None:
+    """Wait until every other task on the loop has ended, and every task those started."""
+    me = asyncio.current_task()
+    try:
+        async with asyncio.timeout(BOUND_S):
+            while others := [t for t in asyncio.all_tasks() if t is not me and not t.done()]:
+                await asyncio.wait(others)
+    except TimeoutError:
+        raise AssertionError(f"tasks still running: {asyncio.all_tasks()}") from None
+
+
+def _poke(activity: asyncio.Event | None) -> None:
+    if activity is not None:
+        activity.set()
 
 
 # --- the change signal ----------------------------------------------------------------------
@@ -68,10 +87,12 @@ class FakeChanges(ChangeSignal):
     it stopped short of the timeout: a change came). In a held phase it parks until
     ``notify()``. ``fail`` makes it raise instead."""
 
-    def __init__(self, clock: ManualClock, machine: PhaseMachine) -> None:
+    def __init__(self, clock: ManualClock, machine: PhaseMachine,
+                 activity: asyncio.Event | None = None) -> None:
         super().__init__()
         self.clock = clock
         self.machine = machine
+        self.activity = activity
         self.hold_in: set[Phase] = set()
         self.step_s = math.inf
         self.fail: Exception | None = None
@@ -91,6 +112,7 @@ class FakeChanges(ChangeSignal):
         for fut in held:
             if not fut.done():
                 fut.set_result(True)
+        _poke(self.activity)
 
     def release(self) -> None:
         """Stop holding in any phase and wake what is parked."""
@@ -105,12 +127,15 @@ class FakeChanges(ChangeSignal):
         if phase in self.hold_in:
             fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._held.add(fut)
+            _poke(self.activity)
             try:
                 return await fut
             finally:
                 self._held.discard(fut)
         step = min(timeout_s, self.step_s)
         self.clock.advance(step)
+        # Not a barrier: a real wait suspends the drain task, so the fake does too (or a
+        # drain looping over waits would never let the test's own task run).
         await asyncio.sleep(0)
         return step < timeout_s
 
@@ -141,6 +166,8 @@ class FakeFleet:
     """Run inside the named method before it answers (e.g. an abort racing a check)."""
     calls: list[tuple[str, Any]] = field(default_factory=list)
     persist_count: int = 0
+    activity: asyncio.Event | None = None
+    """Set after every call (the harness gives its own)."""
 
     def names(self) -> list[str]:
         return [name for name, _ in self.calls]
@@ -150,11 +177,14 @@ class FakeFleet:
 
     def _enter(self, name: str, argument: Any = None) -> None:
         self.calls.append((name, argument))
-        hook = self.hooks.get(name)
-        if hook is not None:
-            hook()
-        if name in self.failing:
-            raise RuntimeError(f"{name} broke")
+        try:
+            hook = self.hooks.get(name)
+            if hook is not None:
+                hook()
+            if name in self.failing:
+                raise RuntimeError(f"{name} broke")
+        finally:
+            _poke(self.activity)
 
     def drain_started(self, drain: DrainRecord) -> None:
         self._enter("drain_started", drain)
@@ -196,6 +226,7 @@ class FakeFleet:
         return self._written(failure == "await", self.persist_count)
 
     async def _written(self, fail: bool, number: int) -> None:
+        # Not a barrier: a real flush suspends its awaiter (a write off the loop), so this does.
         await asyncio.sleep(0)
         if fail:
             raise OSError(f"state file flush {number} failed")
@@ -265,8 +296,10 @@ class FakeKill:
     """A ``KillFn``: each call takes the next of ``steps`` (``default`` once they run out)
     and is recorded in ``calls``."""
 
-    def __init__(self, clock: ManualClock, *steps: Step) -> None:
+    def __init__(self, clock: ManualClock, *steps: Step,
+                 activity: asyncio.Event | None = None) -> None:
         self.clock = clock
+        self.activity = activity
         self.steps = list(steps)
         self.default: Step = reports(exited(100))
         self.calls: list[KillCall] = []
@@ -277,9 +310,14 @@ class FakeKill:
     async def __call__(self, targets: list[Target], policy: KillPolicy, *,
                        on_update: Callable[[ProcessOutcome], None],
                        prior: dict[OutcomeKey, ProcessOutcome] | None) -> KillReport:
+        def update(outcome: ProcessOutcome) -> None:
+            on_update(outcome)
+            _poke(self.activity)
+
         call = KillCall(list(targets), policy, None if prior is None else dict(prior),
-                        self.clock(), on_update)
+                        self.clock(), update)
         self.calls.append(call)
+        _poke(self.activity)
         step = self.steps.pop(0) if self.steps else self.default
         return await step(call)
 
@@ -318,6 +356,8 @@ class Harness:
     controller: DrainController
     outcomes: list[ProcessOutcome]
     finished: list[DrainRecord]
+    activity: asyncio.Event
+    """Set by every fake after each call it records (see ``until``)."""
 
     @classmethod
     def build(cls, config: DrainConfig = CONFIG, fleet: FakeFleet | None = None, *,
@@ -326,9 +366,11 @@ class Harness:
         (the lists then stay empty)."""
         clock = ManualClock()
         machine = PhaseMachine(clock=clock)
-        changes = FakeChanges(clock, machine)
+        activity = asyncio.Event()
+        changes = FakeChanges(clock, machine, activity)
         fleet = fleet if fleet is not None else FakeFleet()
-        kill = FakeKill(clock)
+        fleet.activity = activity
+        kill = FakeKill(clock, activity=activity)
         outcomes: list[ProcessOutcome] = []
         finished: list[DrainRecord] = []
         controller = DrainController(machine=machine, changes=changes, fleet=fleet, kill=kill,
@@ -336,7 +378,12 @@ class Harness:
                                      on_outcome=outcomes.append if callbacks else None,
                                      on_finished=finished.append if callbacks else None,
                                      clock=clock)
-        return cls(clock, machine, changes, fleet, kill, controller, outcomes, finished)
+        return cls(clock, machine, changes, fleet, kill, controller, outcomes, finished,
+                   activity)
+
+    async def until(self, condition: Callable[[], bool], what: str = "the condition") -> None:
+        """Return once ``condition()`` holds, checked again after each call of a fake."""
+        await wait_until(self.activity, condition, what)
 
     def phases(self) -> list[Phase]:
         return [t.phase for t in self.machine.timeline]

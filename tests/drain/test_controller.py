@@ -29,9 +29,8 @@ from tests.drain.fakes import (
     key,
     raises,
     reports,
+    settle,
     settles_after,
-    spin,
-    until,
 )
 
 Make = Callable[..., Harness]
@@ -63,8 +62,8 @@ async def make() -> AsyncIterator[Make]:
 async def held_in(h: Harness, phase: Phase) -> None:
     """Hold the drain's waits in ``phase`` and return once it is parked there."""
     h.changes.hold_in.add(phase)
-    await until(lambda: h.controller.phase is phase and h.changes.held == 1,
-                f"a wait parked in {phase}")
+    await h.until(lambda: h.controller.phase is phase and h.changes.held == 1,
+                  f"a wait parked in {phase}")
 
 
 def restart(before: Harness, make: Make, downtime_s: float,
@@ -149,7 +148,7 @@ async def test_abort_in_draining_returns_to_serving(make: Make) -> None:
     assert h.controller.last is drain
     assert h.finished == [drain]
     assert await h.controller.wait(0)
-    await spin()
+    await settle()
     assert h.kill.calls == []
     assert h.changes.held == 0
 
@@ -167,7 +166,7 @@ async def test_abort_in_migrating_returns_to_serving(make: Make) -> None:
     assert drain.outcome == "aborted"
     assert h.fleet.count("drain_aborted") == 1
     assert h.finished == [drain]
-    await spin()
+    await settle()
     assert h.kill.calls == []
     again, joined = h.controller.start("preStop")
     assert not joined
@@ -199,7 +198,7 @@ async def test_abort_during_the_kill_raises_drain_conflict(make: Make) -> None:
     release = asyncio.Event()
     h.kill.script(blocks(release, reports(ROOT)))
     drain, _ = h.controller.start("preStop")
-    await until(lambda: len(h.kill.calls) == 1, "the kill started")
+    await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
 
     with pytest.raises(DrainConflict):
         h.controller.abort()
@@ -245,8 +244,8 @@ async def test_an_abort_racing_the_move_to_terminating_stops_the_task(make: Make
     h = make()
     h.fleet.hooks["migration_settled"] = h.controller.abort
     drain, _ = h.controller.start("preStop")
-    await until(lambda: h.fleet.count("drain_aborted") == 1, "the abort")
-    await spin()
+    await h.until(lambda: h.fleet.count("drain_aborted") == 1, "the abort")
+    await settle()
 
     assert h.controller.phase is Phase.SERVING
     assert drain.outcome == "aborted"
@@ -268,8 +267,8 @@ async def test_an_abort_from_the_persist_of_migrating_stops_the_task(make: Make)
 
     h.fleet.hooks["persist"] = abort_once_migrating
     drain, _ = h.controller.start("preStop")
-    await until(lambda: h.fleet.count("drain_aborted") == 1, "the abort")
-    await spin()
+    await h.until(lambda: h.fleet.count("drain_aborted") == 1, "the abort")
+    await settle()
 
     assert h.controller.phase is Phase.SERVING
     assert drain.outcome == "aborted"
@@ -314,7 +313,7 @@ async def test_a_start_after_done_joins_the_done_drain_and_force_changes_nothing
     await h.finish()
 
     again, joined = h.controller.start("operator", force=True)
-    await spin()
+    await settle()
     assert (again, joined) == (drain, True)
     assert not drain.force
     assert len(h.kill.calls) == 1
@@ -329,13 +328,12 @@ async def test_a_force_join_of_a_force_drain_does_not_escalate_again(make: Make)
     release = asyncio.Event()
     h.kill.script(blocks(release, reports(exited(100, fate=Fate.KILLED, exit_code=-9))))
     drain, _ = h.controller.start("operator", force=True)
-    await until(lambda: len(h.kill.calls) == 1, "the kill started")
+    await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
 
     assert h.controller.start("operator", force=True) == (drain, True)
-    await spin()
-    assert len(h.kill.calls) == 1
     release.set()
     await h.finish()
+    await settle()
     assert len(h.kill.calls) == 1
 
 
@@ -424,11 +422,11 @@ async def test_a_force_join_during_the_kill_escalates_it(make: Make) -> None:
     killed = exited(100, fate=Fate.KILLED, exit_code=-9)
     h.kill.script(blocks(release, reports(killed)), reports(killed, updates=[killed]))
     drain, _ = h.controller.start("preStop")
-    await until(lambda: len(h.kill.calls) == 1, "the kill started")
+    await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
     assert not h.kill.calls[0].policy.force
 
     assert h.controller.start("operator", force=True) == (drain, True)
-    await until(lambda: len(h.kill.calls) == 2, "the escalation")
+    await h.until(lambda: len(h.kill.calls) == 2, "the escalation")
     escalation = h.kill.calls[1]
     assert escalation.policy.force
     assert escalation.targets == []
@@ -613,7 +611,7 @@ async def test_resume_in_terminating_passes_what_was_killed_as_prior(make: Make)
     before = make()
     before.kill.script(_updates_then_blocks(asyncio.Event()))
     first, _ = before.controller.start("preStop")
-    await until(lambda: key(CHILD) in first.outcomes, "the child reported")
+    await before.until(lambda: key(CHILD) in first.outcomes, "the child reported")
     h, drain, phase = restart(before, make, 1.0)
     assert phase is Phase.TERMINATING
     h.kill.script(reports(ROOT, CHILD))
@@ -650,7 +648,7 @@ async def test_resume_of_a_done_drain_starts_nothing(make: Make) -> None:
     assert phase is Phase.DONE
 
     h.controller.resume(drain, phase)
-    await spin()
+    await settle()
     assert h.fleet.calls == []
     assert h.kill.calls == []
     assert h.controller.last is drain
@@ -673,7 +671,7 @@ async def test_resume_past_the_budget_ends_the_budget_at_once(make: Make) -> Non
 
     h.controller.resume(drain, phase)
     await h.finish()
-    await until(lambda: h.fleet.count("budget_ended") == 1, "the budget's end")
+    await h.until(lambda: h.fleet.count("budget_ended") == 1, "the budget's end")
     assert h.changes.waits == []
     (call,) = h.kill.calls
     assert call.policy.deadline_s == 0.1
@@ -886,13 +884,12 @@ async def test_a_failing_persist_on_escalation_still_escalates(make: Make) -> No
     release = asyncio.Event()
     h.kill.script(blocks(release, reports(ROOT)), reports(ROOT))
     drain, _ = h.controller.start("preStop")
-    await until(lambda: len(h.kill.calls) == 1, "the kill started")
+    await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
     h.fleet.persist_failures[h.fleet.persist_count + 1] = "raise"
 
     try:
         h.controller.start("operator", force=True)
-        await spin()
-        assert len(h.kill.calls) == 2
+        await h.until(lambda: len(h.kill.calls) == 2, "the escalation's kill call")
         assert h.kill.calls[1].policy.force
     finally:
         release.set()
@@ -1119,7 +1116,7 @@ async def test_close_cancels_the_running_drain(make: Make) -> None:
 
     await h.controller.close()
     assert h.changes.held == 0
-    await spin()
+    await settle()
     assert h.kill.calls == []
     assert h.controller.phase is Phase.MIGRATING
     await h.controller.close()

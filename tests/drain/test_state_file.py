@@ -32,6 +32,7 @@ from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.migrations import MigrationBook
 from coordinator.service.registry import Worker
 from coordinator.service.restore import build, still_running
+from tests.drain.fakes import settle
 
 NOW = 1_700_000_000.0
 
@@ -317,7 +318,8 @@ async def test_while_failing_changes_wait_for_the_retry(
     await writer.flush()
     for _ in range(10):
         writer.mark_dirty()
-        await asyncio.sleep(0)
+    # Every task those changes could have started has ended: none tried to write.
+    await settle()
     assert len(attempts) == 1
     await writer.flush()
     assert len(attempts) == 2
