@@ -7,16 +7,19 @@ What happens to a SIGTERM or SIGINT once ``install_graceful_shutdown`` ran:
    back) and asks the coordinator to drain the whole pod (``POST /drain``, ``wait=false``).
 3. It waits until no request is in flight and every handoff was reported, bounded by the
    drain's migration deadline.
-4. It releases the signal to the engine: handlers the engine registered later through
-   ``loop.add_signal_handler`` (captured, never installed) run on the loop, and the handler that
-   was installed before ours runs by raising the signal again. SIGINT's default handler raises
-   KeyboardInterrupt, which is why it runs after our part, never before. A SIG_DFL signal with
-   no engine handler ends the process the default way.
+4. It releases the signal to the engine. The handler that was installed before ours runs
+   first, by raising the signal again to the main thread; only once it returned are the
+   handlers the engine registered later through ``loop.add_signal_handler`` (captured, never
+   installed) handed to the loop. Those are what usually makes the engine exit and close its
+   client, which ignores the released signal from then on (``settle``): handed over first, they
+   could get there before the raised signal was handled, and the previous handler would never
+   run. SIGINT's default handler raises KeyboardInterrupt, which is why it runs after our part,
+   never before. A SIG_DFL signal with no engine handler ends the process the default way.
 
 Each delivered signal is handled once. The same signal arriving again while the drain waits
 releases it at once (a second Ctrl-C forces, as in uvicorn). After the release, signals go
-straight to the engine's handlers; once the engine closes its client (it is exiting), further
-deliveries of a released signal are ignored.
+straight to the engine's handlers (the previous one, then the captured ones); once the engine
+closes its client (it is exiting), further deliveries of a released signal are ignored.
 """
 
 from __future__ import annotations
@@ -64,7 +67,8 @@ class GracefulShutdown:
         self.received: list[int] = []
         """Every signal our handler saw, in order."""
         self._started: set[int] = set()
-        self._reraised: set[int] = set()
+        self._reraised: dict[int, bool] = {}
+        """Released signals raised again for the previous handler, not handled yet."""
         self._lock = threading.Lock()
         self._escalate = threading.Event()
         self._patched_loop: Any = None
@@ -88,8 +92,13 @@ class GracefulShutdown:
         """
         if threading.current_thread() is not threading.main_thread():
             return  # only the main thread may change dispositions
-        for signum in self.released:
+        for signum in tuple(self.released):
             signal.signal(signum, signal.SIG_IGN)
+            if self._reraised.pop(signum, False):
+                # Raised again for the previous handler but not handled yet (the engine closed
+                # its client on its own in between): that delivery is ignored from now on, so
+                # the engine's handlers get their turn here.
+                self._hand_over(signum, None, first=True)
 
     def uninstall(self) -> None:
         for signum, handler in self.previous.items():
@@ -130,13 +139,8 @@ class GracefulShutdown:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.received.append(signum)
         if signum in self.released:
-            if signum in self._reraised:  # our own re-raise: only the previous handler's turn
-                self._reraised.discard(signum)
-                previous = self.previous.get(signum)
-                if callable(previous):
-                    previous(signum, frame)
-            else:
-                self._call_previous(signum, frame)
+            # Our own re-raise (the release) or a later delivery: the engine's handlers.
+            self._hand_over(signum, frame, first=self._reraised.pop(signum, False))
             return
         with self._lock:
             first = signum not in self._started
@@ -166,33 +170,63 @@ class GracefulShutdown:
         self.release(signum)
 
     def release(self, signum: int) -> None:
-        """Hand ``signum`` to the engine's handlers (the captured ones, then the previous one)."""
+        """Hand ``signum`` to the engine's handlers (the previous one, then the captured ones).
+
+        A callable previous handler is reached by raising the signal again to the main thread;
+        the captured handlers are handed to the loop from there, after it returned
+        (``_hand_over``), never from here: the loop could run them, and the engine exit and
+        ignore the signal (``settle``), before the main thread handled the raised signal.
+        """
+        previous = self.previous.get(signum)
         with self._lock:
             if signum in self.released:
                 return
+            if callable(previous):
+                self._reraised[signum] = True  # before ``released``: settle() looks at both
             self.released.add(signum)
-        captured = list(self.captured.get(signum, ()))
-        loop = self.loop
-        for callback, args in captured:
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(callback, *args)
-            else:
-                callback(*args)
-        previous = self.previous.get(signum)
         if callable(previous):
-            self._reraised.add(signum)
             signal.pthread_kill(threading.main_thread().ident or 0, signum)
-        elif previous in (signal.SIG_DFL, None) and not captured:
+            self._wake_loop()
+        elif self.captured.get(signum):
+            self._run_captured(signum, first=True)
+        elif previous in (signal.SIG_DFL, None):
             signal.signal(signum, signal.SIG_DFL)
             os.kill(os.getpid(), signum)
 
-    def _call_previous(self, signum: int, frame: FrameType | None) -> None:
+    def _wake_loop(self) -> None:
+        """Make the loop's select() return, so that the main thread handles the raised signal.
+
+        The main thread may have checked for signals last just before it blocked in select():
+        Python runs a handler only once that returns, and nothing else would wake it (asyncio's
+        wake-up fd comes with ``loop.add_signal_handler``, which we capture). The signal is
+        already pending for the main thread then, so its handler runs as soon as it wakes.
+        """
+        loop = self.loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop closed in between
+                loop.call_soon_threadsafe(_wake_up)
+
+    def _hand_over(self, signum: int, frame: FrameType | None, *, first: bool) -> None:
+        """On the main thread: the previous handler, then the captured ones on the loop."""
         previous = self.previous.get(signum)
-        if callable(previous):
-            previous(signum, frame)
-        for callback, args in self.captured.get(signum, ()):
-            if self.loop is not None and not self.loop.is_closed():
-                self.loop.call_soon_threadsafe(callback, *args)
+        try:
+            if callable(previous):
+                previous(signum, frame)
+        finally:  # also when it raised (SIGINT's KeyboardInterrupt)
+            self._run_captured(signum, first=first)
+
+    def _run_captured(self, signum: int, *, first: bool) -> None:
+        """Queue the captured handlers on the loop; without a loop, run the release's here."""
+        loop = self.loop
+        for callback, args in list(self.captured.get(signum, ())):
+            if loop is not None and not loop.is_closed():
+                try:
+                    loop.call_soon_threadsafe(callback, *args)
+                    continue
+                except RuntimeError:  # the loop closed in between
+                    pass
+            if first:
+                callback(*args)
 
     def _wait_budget(self) -> float:
         drain = self.client.drain or {}
@@ -200,6 +234,10 @@ class GracefulShutdown:
         if isinstance(deadline_at, int | float):
             return max(0.0, float(deadline_at) - time.time())
         return self.drain_wait_s
+
+
+def _wake_up() -> None:
+    """Nothing to do: queued only to wake the loop up."""
 
 
 def install_graceful_shutdown(

@@ -1,8 +1,12 @@
 """An engine-like process for the signal-chaining tests (run as a script, not collected).
 
-    python signal_child.py asyncio|sync [COORDINATOR_URL]
+    python signal_child.py asyncio|asyncio-held|sync [COORDINATOR_URL]
 
 Prints one line per thing that happened, in order, and exits 0 after its own shutdown.
+``asyncio-held`` is ``asyncio`` where a thread other than the loop's that hands the engine's
+loop handler to the loop is held right there until the engine closed its client: the loop runs
+the handler, the engine exits, and only then does that thread go on, the way the scheduler may
+order them.
 """
 
 from __future__ import annotations
@@ -11,9 +15,11 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from types import FrameType
+from typing import Any
 
 from worker_client import WorkerClient, install_graceful_shutdown
 
@@ -23,11 +29,34 @@ def say(line: str) -> None:
     os.write(1, (line + "\n").encode())
 
 
+HOLD_BOUND_S = 20.0
+"""Bound on the hold of ``asyncio-held`` (it ends when the engine closed its client)."""
+
+
 def previous_handler(signum: int, frame: FrameType | None) -> None:
     say(f"previous-handler {signal.Signals(signum).name}")
 
 
-async def asyncio_engine(coordinator: str | None) -> None:
+def hold_handover(
+    loop: asyncio.AbstractEventLoop, handler: Callable[..., object], closed: threading.Event
+) -> None:
+    """Hold a thread other than the loop's right after it handed ``handler`` to the loop, until
+    ``closed``: what it does next comes after the loop ran the handler and the engine exited."""
+    original = loop.call_soon_threadsafe
+
+    def call_soon_threadsafe(
+        callback: Callable[..., object], *args: Any, context: Any = None
+    ) -> asyncio.Handle:
+        handle = original(callback, *args, context=context)
+        if callback is handler and threading.current_thread() is not threading.main_thread():
+            say("handover-held")
+            closed.wait(HOLD_BOUND_S)
+        return handle
+
+    setattr(loop, "call_soon_threadsafe", call_soon_threadsafe)  # noqa: B010
+
+
+async def asyncio_engine(coordinator: str | None, held: bool = False) -> None:
     stop = asyncio.Event()
     # The engine's own handler installed before ours: it is chained after the drain.
     signal.signal(signal.SIGTERM, previous_handler)
@@ -41,6 +70,9 @@ async def asyncio_engine(coordinator: str | None) -> None:
 
     # Registered after ours, the way SGLang's tokenizer manager does: captured, run after.
     loop.add_signal_handler(signal.SIGTERM, engine_loop_handler, "SIGTERM")
+    closed = threading.Event()
+    if held:
+        hold_handover(loop, engine_loop_handler, closed)
 
     entered = asyncio.Event()
 
@@ -56,7 +88,9 @@ async def asyncio_engine(coordinator: str | None) -> None:
             entered.set()
             async for _ in req.stream(generation()):
                 pass
-        say(f"handed-back {req.handed_back} {req.tokens}")
+            # Said inside the block: the signal is released as soon as the request left it,
+            # and the engine's handlers could otherwise say their lines first.
+            say(f"handed-back {req.handed_back} {req.tokens}")
 
     task = asyncio.create_task(request())
     await entered.wait()
@@ -68,6 +102,7 @@ async def asyncio_engine(coordinator: str | None) -> None:
         await task
         say("engine-cleanup")
         client.close()
+        closed.set()
 
 
 def sync_engine(coordinator: str | None) -> None:
@@ -79,7 +114,9 @@ def sync_engine(coordinator: str | None) -> None:
             while not req.shutting_down:
                 time.sleep(0.001)
             req.hand_back()
-        say(f"handed-back {req.handed_back} {req.tokens}")
+            # Said inside the block: the signal is released as soon as the request left it,
+            # and the engine's handlers could otherwise say their lines first.
+            say(f"handed-back {req.handed_back} {req.tokens}")
         while True:
             time.sleep(0.01)
     except KeyboardInterrupt:
@@ -91,9 +128,9 @@ def sync_engine(coordinator: str | None) -> None:
 def main() -> int:
     mode = sys.argv[1]
     coordinator = sys.argv[2] if len(sys.argv) > 2 else None
-    if mode == "asyncio":
+    if mode in ("asyncio", "asyncio-held"):
         try:
-            asyncio.run(asyncio_engine(coordinator))
+            asyncio.run(asyncio_engine(coordinator, held=mode == "asyncio-held"))
         except KeyboardInterrupt:
             say("keyboard-interrupt")
     else:

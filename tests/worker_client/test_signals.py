@@ -36,14 +36,34 @@ def test_sigterm_drains_before_the_engine_handlers(janitor: ProcessJanitor) -> N
        install_graceful_shutdown, then a loop.add_signal_handler SIGTERM handler; one request
        waiting in its generation.
     2. Send SIGTERM to the process.
-    3. The request is handed back first; then the captured loop handler and the previous
-       handler each run exactly once; the engine's cleanup runs; exit code 0."""
+    3. The request is handed back first; then the previous handler, then the captured loop
+       handler, each exactly once; the engine's cleanup runs last; exit code 0."""
     proc = _start(janitor, "asyncio")
     proc.send_signal(signal.SIGTERM)
     lines = _rest(proc)
-    assert lines[0] == "handed-back True 1", lines
-    assert lines.count("loop-handler SIGTERM") == 1, lines
+    assert lines == [
+        "handed-back True 1", "previous-handler SIGTERM", "loop-handler SIGTERM",
+        "engine-cleanup",
+    ], lines
+
+
+def test_previous_handler_runs_when_the_loop_handler_ends_the_engine_first(
+    janitor: ProcessJanitor,
+) -> None:
+    """1. Start the same asyncio engine, except that any thread other than the loop's that
+       hands the engine's loop handler to the loop is held there until the engine closed its
+       client (the loop runs the handler, the engine exits and ignores the released SIGTERM
+       before that thread goes on: an order the scheduler may pick).
+    2. Send SIGTERM to the process.
+    3. The previous handler still runs, exactly once and before the loop handler (which is
+       handed over only after it returned); the engine's cleanup runs last; exit code 0."""
+    proc = _start(janitor, "asyncio-held")
+    proc.send_signal(signal.SIGTERM)
+    lines = _rest(proc)
     assert lines.count("previous-handler SIGTERM") == 1, lines
+    assert lines.count("loop-handler SIGTERM") == 1, lines
+    assert lines.index("previous-handler SIGTERM") < lines.index("loop-handler SIGTERM"), lines
+    assert lines[0] == "handed-back True 1", lines
     assert lines[-1] == "engine-cleanup", lines
 
 
@@ -54,9 +74,7 @@ def test_sigint_default_handler_runs_after_our_part(janitor: ProcessJanitor) -> 
     proc = _start(janitor, "asyncio")
     proc.send_signal(signal.SIGINT)
     lines = _rest(proc)
-    assert lines[0] == "handed-back True 1", lines
-    assert lines[-1] == "keyboard-interrupt", lines
-    assert "loop-handler SIGTERM" not in lines
+    assert lines == ["handed-back True 1", "engine-cleanup", "keyboard-interrupt"], lines
 
 
 def test_sigint_in_an_engine_that_is_not_asyncio(janitor: ProcessJanitor) -> None:
