@@ -4,14 +4,18 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.processes import ProcessJanitor
+from tests.support.processes import LeftBehind, ProcessJanitor
 
 
 @pytest.fixture
 def janitor() -> Iterator[ProcessJanitor]:
-    """Every process a test starts goes through this; all of them end with the test."""
+    """Every process a test starts goes through this; all of them end with the test, and
+    the test fails (in its teardown) when the janitor had to end one, a service did not stop
+    cleanly on SIGTERM, or a runtime file was left (``tests/support/processes.py``)."""
     j = ProcessJanitor()
     try:
         yield j
     finally:
         j.close()
+    if j.problems:
+        pytest.fail(str(LeftBehind(j.problems)), pytrace=False)
