@@ -31,8 +31,9 @@ the engines not yet woken are waiting for."""
 class TrackedStreams(CompletionStreams):
     """Completion streams whose every request is tracked by a worker client."""
 
-    def __init__(self, token_interval_s: float, client: WorkerClient) -> None:
-        super().__init__(token_interval_s)
+    def __init__(self, token_interval_s: float, client: WorkerClient,
+                 hold_after_tokens: int = 0) -> None:
+        super().__init__(token_interval_s, hold_after_tokens)
         self.client = client
 
     async def generate(

@@ -28,6 +28,11 @@ class EngineKnobs:
     """When > 0, a data-parallel controller with this many schedulers of its own."""
     token_interval_ms: float = 20.0
     """Milliseconds between two streamed tokens (per request)."""
+    hold_after_tokens: int = 0
+    """When > 0, every stream stops after this many tokens and waits for a hand-back (a
+    drain, ``POST /internal/handoff``) to end it, instead of the token clock: tests hand a
+    request back at a known point without racing it. A stream of at most this many tokens
+    is not held."""
     teardown_s: float = 0.0
     """Seconds of cleanup each process runs after the signal it honours (RDMA
     deregistration, say). A process killed during it leaves ``cleanup: "started"``."""
@@ -57,8 +62,8 @@ class EngineKnobs:
     """File holding the coordinator's bearer token, if it needs one."""
 
     def __post_init__(self) -> None:
-        if self.schedulers < 0 or self.dp < 0:
-            raise SimArgumentError("--schedulers and --dp must be >= 0")
+        if self.schedulers < 0 or self.dp < 0 or self.hold_after_tokens < 0:
+            raise SimArgumentError("--schedulers, --dp and --hold-after-tokens must be >= 0")
         if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0:
             raise SimArgumentError("intervals and timeouts must be >= 0")
         roles = {r.value for r in Role}

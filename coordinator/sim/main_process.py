@@ -85,7 +85,8 @@ class EngineMain:
         self.knobs = knobs
         self.record_dir = record_dir
         self.ready_file = ready_file
-        self.streams = CompletionStreams(knobs.token_interval_ms / 1000.0)
+        self.streams = CompletionStreams(knobs.token_interval_ms / 1000.0,
+                                         knobs.hold_after_tokens)
         self.record = RecordWriter(record_dir, Role.MAIN)
         self.children: list[StartedChild] = []
         self.watchdog: ChildWatchdog | None = None
@@ -180,7 +181,8 @@ class EngineMain:
             self.knobs.coordinator, self.knobs.coordinator_token_file, url,
             self.stand_down_watchdog, lambda times: self.record.update(worker_client=times),
         )
-        self.streams = TrackedStreams(self.streams.token_interval_s, self.worker_client)
+        self.streams = TrackedStreams(self.streams.token_interval_s, self.worker_client,
+                                      self.streams.hold_after_tokens)
 
     def processes(self) -> list[dict[str, Any]]:
         """Every process of the engine, this one first."""

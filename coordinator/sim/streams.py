@@ -49,8 +49,11 @@ HandoffListener = Callable[[HandedBack], None]
 class CompletionStreams:
     """Generates tokens at a fixed pace and hands every in-flight request back on demand."""
 
-    def __init__(self, token_interval_s: float) -> None:
+    def __init__(self, token_interval_s: float, hold_after_tokens: int = 0) -> None:
         self.token_interval_s = token_interval_s
+        self.hold_after_tokens = hold_after_tokens
+        """> 0: a stream waits after this many tokens until a hand-back ends it (the
+        ``--hold-after-tokens`` knob, for tests that must not race the token clock)."""
         self.inflight: dict[int, InflightRequest] = {}
         """Keyed by an internal serial, so a retried request id never hides another."""
         self.handing_back = False
@@ -71,7 +74,8 @@ class CompletionStreams:
         stream = TokenStream(prompt)
         try:
             for index in range(max_tokens):
-                await self._pause(self.token_interval_s)
+                held = self.hold_after_tokens > 0 and index == self.hold_after_tokens
+                await self._pause(None if held else self.token_interval_s)
                 if self.handing_back:
                     yield self._hand_back(request)
                     return
@@ -105,18 +109,20 @@ class CompletionStreams:
             listener(handed)
         return handed
 
-    async def _pause(self, seconds: float) -> None:
-        """Sleep between tokens, cut short by ``hand_back_all``."""
+    async def _pause(self, seconds: float | None) -> None:
+        """Sleep between tokens, cut short by ``hand_back_all``; ``None``: until then only
+        (or until the request is cancelled, as a worker client's hand-back does)."""
         if self.handing_back:
             return
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        timer = loop.call_later(seconds, _resolve, waiter)
+        timer = None if seconds is None else loop.call_later(seconds, _resolve, waiter)
         self._waiters.add(waiter)
         try:
             await waiter
         finally:
-            timer.cancel()
+            if timer is not None:
+                timer.cancel()
             self._waiters.discard(waiter)
 
 

@@ -55,11 +55,16 @@ async def test_non_streaming_completion_and_request_id(start_sim: StartEngine) -
 
 
 async def test_handed_back_stream_continues_elsewhere_exactly(start_sim: StartEngine) -> None:
-    """1. Start a 40-token stream. 2. After 3 tokens, ask for a hand-back. 3. The stream
-    ends with {"handed_back", "request_id", "tokens"} and no [DONE]; "tokens" is what was
-    streamed. 4. Resume, continue with prompt + text so far and the remaining max_tokens.
-    5. Both parts together are exactly the uninterrupted stream."""
-    engine = start_sim(token_interval_ms=5)
+    """1. Start an engine whose streams wait after 3 tokens for a hand-back (not the token
+    clock), and a second one that does not. 2. Start a 40-token stream on the first; once
+    it has 3 tokens, ask for a hand-back. 3. The stream ends with {"handed_back",
+    "request_id", "tokens": 3} and no [DONE]. 4. Continue on the second engine with prompt +
+    text so far and the remaining max_tokens. 5. Both parts together are exactly the
+    uninterrupted stream; the first engine counts one hand-back, the second one completion.
+    6. After /internal/resume the first engine serves again (a stream short of the hold
+    runs to [DONE])."""
+    engine = start_sim(token_interval_ms=5, hold_after_tokens=3)
+    elsewhere = start_sim(token_interval_ms=1)
     async with httpx.AsyncClient(timeout=30) as client:
 
         async def hand_back_after_three(n: int) -> None:
@@ -72,16 +77,20 @@ async def test_handed_back_stream_continues_elsewhere_exactly(start_sim: StartEn
             "POST", f"{engine.url}/v1/completions", json=body, headers={"X-Request-Id": "m1"}
         ) as response:
             first, last = await read_events(response, hand_back_after_three)
-        assert isinstance(last, dict)
-        assert last == {"handed_back": True, "request_id": "m1", "tokens": len(first)}
-        assert 3 <= len(first) < 40
+        assert last == {"handed_back": True, "request_id": "m1", "tokens": 3}
+        assert len(first) == 3
 
-        await client.post(f"{engine.url}/internal/resume")
-        rest, done = await _stream(client, engine, PROMPT + "".join(first), 40 - len(first), "m1")
+        rest, done = await _stream(client, elsewhere, PROMPT + "".join(first), 37, "m1")
         assert done == "[DONE]"
         health = (await client.get(f"{engine.url}/health")).json()
+        other = (await client.get(f"{elsewhere.url}/health")).json()
+
+        await client.post(f"{engine.url}/internal/resume")
+        short, short_done = await _stream(client, engine, PROMPT, 3, "after-resume")
     assert first + rest == expected_tokens(PROMPT, 40)
-    assert health["handed_back"] == 1
+    assert (health["handed_back"], health["completed"]) == (1, 0)
+    assert (other["handed_back"], other["completed"]) == (0, 1)
+    assert (short, short_done) == (expected_tokens(PROMPT, 3), "[DONE]")
 
 
 async def test_requests_while_handing_back_are_handed_back_at_once(
