@@ -155,7 +155,9 @@ DRAIN = _object(
     {"reason": _str, "started_at": EPOCH, "budget_s": SECONDS, "migration_s": SECONDS,
      "termination_s": SECONDS},
     {"min_drain_s": SECONDS, "outcome": _nullable(_str), "ended_at": _nullable(EPOCH),
-     "kill": _nullable(_object({})), "force": _bool, "outcomes": _list(OUTCOME)},
+     "kill": _nullable(_object({})), "force": _bool, "outcomes": _list(OUTCOME),
+     "causes": _list(_str), "lost_requests": _int(), "errors": _list(_str),
+     "expired_before": _nullable(_int())},
 )
 TIER = _object(
     {"name": _str, "signal": _int(1, 64), "timeout_s": SECONDS},
@@ -165,7 +167,8 @@ WORKER = _object(
     {"id": _str, "pid": PID, "start_time": EPOCH, "role": _str},
     {"name": _str, "url": _nullable(_str), "tiers": _list(TIER), "include_tree": _bool,
      "registered_at": EPOCH, "state": _str, "inflight": _nullable(_int()),
-     "prekill_done": _bool, "handed_back": _int(), "exited_at": _nullable(EPOCH)},
+     "prekill_done": _bool, "handed_back": _int(), "exited_at": _nullable(EPOCH),
+     "exit_code": _nullable(_int(-(2**31), 2**31))},
 )
 MIGRATION = _object(
     {"request_id": _str, "worker": _str, "tokens": _int(), "handed_back_at": EPOCH},

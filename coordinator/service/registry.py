@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.errors import TargetNotFound
+from coordinator.kill import pidfd, procfs
 from coordinator.kill.policy import Target, TierSpec
+from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.identity import ProcessFacts, facts, same_start
 
 log = logging.getLogger(__name__)
@@ -72,6 +74,9 @@ class Worker:
     count since: until it does (or disconnects, or exits) the migrating phase holds."""
     handed_back: int = 0
     exited_at: float | None = None
+    exit_code: int | None = None
+    """How its process ended, read from its pidfd the moment it exited (subprocess
+    convention; None when unknown): the kill finds nothing left of it to ask."""
 
     @property
     def alive(self) -> bool:
@@ -99,6 +104,7 @@ class Worker:
             "prekill_done": self.prekill_done,
             "registered_at": self.registered_at,
             "exited_at": self.exited_at,
+            "exit_code": self.exit_code,
         }
 
     def to_record(self) -> dict[str, Any]:
@@ -131,7 +137,17 @@ class Worker:
             state=WorkerState(data.get("state", WorkerState.SERVING.value)),
             inflight=data.get("inflight"), prekill_done=bool(data.get("prekill_done", False)),
             handed_back=int(data.get("handed_back", 0)), exited_at=data.get("exited_at"),
+            exit_code=data.get("exit_code"),
         )
+
+    def ended_before_the_kill(self) -> ProcessOutcome:
+        """The record of a worker whose process exited before the kill could reach it."""
+        return ProcessOutcome(
+            pid=self.pid, name=self.name or self.role, start_time=self.start_time,
+            root_pid=self.pid, depth=0, role=self.role, fate=Fate.GONE,
+            ended_at=self.exited_at, exit_code=self.exit_code,
+            detail="exited before the kill" + (
+                "" if self.exit_code is not None else " (exit code unknown)"))
 
 
 class WorkerRegistry:
@@ -143,6 +159,8 @@ class WorkerRegistry:
         self._on_exit_hook = on_exit
         self.workers: dict[str, Worker] = {}
         self._watches: dict[str, int] = {}
+        self._ticks: dict[str, int] = {}
+        """Start ticks of each watched worker (its exit status in /proc is trusted by them)."""
         self._polls: dict[str, asyncio.Task[None]] = {}
 
     def find(self, pid: int, start_time: float) -> Worker | None:
@@ -217,10 +235,13 @@ class WorkerRegistry:
             self._mark_exited(worker)
             return
         self._watches[worker.id] = fd
+        stat = procfs.read_stat(worker.pid)
+        self._ticks[worker.id] = stat.start_ticks if stat is not None else -1
         loop.add_reader(fd, self._on_exit, worker.id)
 
     def _unwatch(self, worker_id: str) -> None:
         fd = self._watches.pop(worker_id, None)
+        self._ticks.pop(worker_id, None)
         if fd is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(fd)
@@ -230,8 +251,15 @@ class WorkerRegistry:
             task.cancel()
 
     def _on_exit(self, worker_id: str) -> None:
-        self._unwatch(worker_id)
         worker = self.workers.get(worker_id)
+        fd = self._watches.get(worker_id)
+        if worker is not None and fd is not None:
+            try:
+                worker.exit_code = pidfd.exit_code(fd, worker.pid,
+                                                   self._ticks.get(worker_id, -1))
+            except OSError:
+                log.exception("could not read how worker %s exited", worker_id)
+        self._unwatch(worker_id)
         if worker is not None and worker.alive:
             self._mark_exited(worker)
 

@@ -484,9 +484,15 @@ class Coordinator:
         # What exited workers left behind (reparented away from their tree: found by their
         # session, group or unit, or last listed under them) and what left a live tree, by
         # identity (gone ones are reported gone). The preStop hook waiting on us is not.
+        drain = self.controller.drain
         for worker in self.registry.workers.values():
             if not worker.alive:
                 self.scan.root_exited(worker.pid, worker.start_time)
+                # Its own end goes into the drain's outcomes, which the kill receives as
+                # ``prior`` and reports as found: a crashed main process is part of the truth.
+                if drain is not None:
+                    ended = worker.ended_before_the_kill()
+                    drain.outcomes.setdefault((ended.pid, ended.start_time), ended)
         live = [(t.pid, t.role) for t in targets]
         try:
             remnants = self.scan.kill_remnants(live)

@@ -85,7 +85,9 @@ def test_children_a_worker_starts_just_before_it_crashes_are_drained(
     comes after (an hour apart); 2. it starts two children and crashes: they are reparented
     away (with ``cgroup``, they also left its session and group by setsid, so only its cgroup
     tells them); 3. the worker's exit alone makes /status list them; 4. GET /drain ends both
-    with SIGTERM (their own records), reports each once, and none runs any more per /proc."""
+    with ``SIGTERM`` (their own records), reports each once, and none runs any more per /proc;
+    5. the crashed worker is in the summary too, ``gone`` with the exit code it crashed with
+    (3), so the outcome is not graceful."""
     with engine_unit(kind, janitor) as unit:
         setsid = ["--late-setsid"] if kind == "cgroup" else []
         tree = unit.start_tree(janitor, tmp_path / "tree", "--children", "0", "--late", "2",
@@ -108,7 +110,10 @@ def test_children_a_worker_starts_just_before_it_crashes_are_drained(
         assert all(how in p["detail"] for p in status["processes"]), status["processes"]
         summary = drain(coordinator)
         ended = processes(summary)
-        assert sorted(ended) == sorted(late), summary["processes"]
+        assert sorted(ended) == sorted([tree["pid"], *late]), summary["processes"]
+        crashed = ended.pop(tree["pid"])
+        assert (crashed["fate"], crashed["exit_code"]) == ("gone", 3), crashed
+        assert summary["outcome"] == "failed"
         assert {(p["fate"], p["signal"]) for p in ended.values()} == {("exited", "SIGTERM")}
         for pid in late:
             assert (tmp_path / "tree" / f"late-{pid}.json").exists()
