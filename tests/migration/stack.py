@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 from dataclasses import dataclass
@@ -74,6 +75,8 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pods: list[Pod], *args: str
     proc = janitor.spawn_python(
         ["-m", "router_client.reference_router", "--port", "0", "--ready-file", str(ready),
          *workers, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+        # A service: uvicorn re-raises the SIGTERM it stopped on.
+        service=True, exit_code=-signal.SIGTERM,
     )
     log.close()
 

@@ -18,8 +18,15 @@ MAX_TOKENS = 40
 
 def _pods(janitor: ProcessJanitor, tmp: Path, *, with_coordinator: bool = True,
           **engine: object) -> list[Pod]:
-    return [start_pod(janitor, tmp, f"pod{i}", with_coordinator=with_coordinator, **engine)
+    """Three pods. Pods 1 and 2 are scenery: the janitor stops their engines at the end (a
+    stock engine's SIGTERM SIGKILLs its tree, itself included); pod 0's must be gone by
+    then."""
+    pods = [start_pod(janitor, tmp, f"pod{i}", with_coordinator=with_coordinator, **engine)
             for i in range(3)]
+    code = 0 if engine.get("graceful_main", True) else -signal.SIGKILL
+    for pod in pods[1:]:
+        janitor.service(pod.engine.proc, exit_code=code)
+    return pods
 
 
 async def test_drain_mid_stream_loses_nothing(janitor: ProcessJanitor, tmp_path: Path) -> None:

@@ -141,6 +141,7 @@ async def test_sigterm_to_the_engine_drains_through_the_coordinator(
     4. Every stream completes exactly (continued on pod 1); the engine exits 0 after its own
        cleanup; the drain ends done."""
     pods = [start_pod(janitor, tmp_path, f"pod{i}") for i in range(2)]
+    janitor.service(pods[1].engine.proc)  # scenery: the janitor stops it at the end
     router = start_router(janitor, tmp_path, pods)
     load = Load(router, 16, 40)
     running = asyncio.create_task(load.run())

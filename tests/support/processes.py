@@ -278,16 +278,17 @@ class ProcessJanitor:
     def spawn_python(self, args: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
         return self.spawn([sys.executable, *args], **kwargs)
 
-    def service(self, proc: subprocess.Popen[Any], *, exit_code: int = 0,
-                stop_within_s: float = SERVICE_STOP_S) -> subprocess.Popen[Any]:
-        """Declare ``proc`` (started by ``spawn``) a service the janitor stops at the end."""
+    def service(self, proc: object, *, exit_code: int = 0,
+                stop_within_s: float = SERVICE_STOP_S) -> None:
+        """Declare ``proc`` (a ``Popen`` ``spawn`` returned) a service the janitor stops at
+        the end: SIGTERM, then it must exit ``exit_code`` within ``stop_within_s``."""
         for started in self._started:
             if started.proc is proc:
                 started.service = True
                 started.exit_code = exit_code
                 started.stop_within_s = stop_within_s
-                return proc
-        raise ValueError(f"pid {proc.pid} was not started by this janitor")
+                return
+        raise ValueError(f"{proc!r} was not started by this janitor")
 
     def adopt(self, pid: int) -> None:
         """Track a process started by something else (e.g. a daemonised child)."""
