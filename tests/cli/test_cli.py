@@ -96,6 +96,7 @@ def test_an_aborted_drain_exits_aborted(janitor: ProcessJanitor, tmp_path: Path)
     assert codes == [exit_codes.ABORTED]
     assert all(alive(pid) for pid in tree.pids())
     assert tree.markers() == {}
+    tree.end()
 
 
 def test_status_table_and_json(
@@ -114,6 +115,7 @@ def test_status_table_and_json(
     assert "engine" in text
     assert main(["status", "--json", *token]) == exit_codes.OK
     assert json.loads(capsys.readouterr().out)["workers"][0]["id"] == worker["id"]
+    tree.end()
 
 
 def test_client_failures_have_their_own_exit_codes(

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import signal
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,9 @@ class Tree:
     record_dir: Path
     processes: list[dict[str, Any]]
     """``{"pid", "role", "depth"}`` of every process, root first."""
+    handles: dict[int, psutil.Process] = field(default_factory=dict)
+    """Each process as it was at the start: signalling through it can never hit a process
+    that reused the PID since (psutil checks the start time)."""
 
     @property
     def pid(self) -> int:
@@ -47,6 +52,32 @@ class Tree:
         return out
 
 
+    def end(self, timeout: float = 30.0) -> None:
+        """End whatever of the tree still runs, deepest first, as a graceful kill would
+        (SIGTERM; SIGKILL for a node that ignores it), and reap the root: for a test that
+        leaves its tree untouched until its end."""
+        for depth in sorted({int(p["depth"]) for p in self.processes}, reverse=True):
+            procs = [self.handles[int(p["pid"])] for p in self.processes
+                     if int(p["depth"]) == depth and alive(int(p["pid"]))]
+            for proc in procs:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    proc.send_signal(signal.SIGKILL if _ignores_sigterm(proc.pid)
+                                     else signal.SIGTERM)
+            _, left = psutil.wait_procs(procs, timeout=timeout)
+            assert not [p for p in left if alive(p.pid)], f"still running: {left}"
+        self.root.wait(timeout=timeout)
+
+
+def _ignores_sigterm(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in text.splitlines()
+                if line.startswith("SigIgn:"))
+    return bool(mask & (1 << (signal.SIGTERM - 1)))
+
+
 def start_tree(janitor: ProcessJanitor, spec: dict[str, Any], record_dir: Path) -> Tree:
     """Start a tree (in its own session) and wait until every process of it is up."""
     record_dir.mkdir(parents=True, exist_ok=True)
@@ -55,7 +86,9 @@ def start_tree(janitor: ProcessJanitor, spec: dict[str, Any], record_dir: Path) 
     )
     ready = record_dir / "ready.json"
     wait_for(ready.exists, timeout=60, what="the test tree to start")
-    return Tree(root, record_dir, json.loads(ready.read_text()))
+    processes: list[dict[str, Any]] = json.loads(ready.read_text())
+    handles = {int(p["pid"]): psutil.Process(int(p["pid"])) for p in processes}
+    return Tree(root, record_dir, processes, handles)
 
 
 def start_time(pid: int) -> float:

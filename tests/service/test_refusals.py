@@ -67,6 +67,7 @@ def test_protected_and_unknown_pids_are_refused(
         assert client.get("/drain").json()["processes"] == []
     assert all(alive(pid) for pid in tree.pids())
     assert tree.markers() == {}
+    tree.end()
 
 
 ABSURD: list[tuple[str, str, bytes | None]] = [
@@ -143,3 +144,4 @@ def test_malformed_and_absurd_input_is_a_4xx(
         assert status["workers"] == []
         accepted = client.post("/workers", json={"pid": tree.pid})
         assert accepted.status_code == 201, accepted.text
+    tree.end()

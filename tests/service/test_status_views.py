@@ -9,6 +9,7 @@ from urllib.parse import urlsplit
 
 from tests.kill.helpers import start_tree
 from tests.service.servers import FAST, register, start_coordinator
+from tests.service.truth import assert_summary_is_true
 from tests.support.processes import ProcessJanitor, wait_for
 
 ROUTER_KEYS = {"phase", "generation", "ready", "drain", "workers", "migrations",
@@ -49,7 +50,8 @@ def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
        read it (the connection's bytes are acknowledged and read, by /proc/net/tcp), is
        woken by POST /drain: it answers (it could not have timed out) with a phase of the
        drain and a higher generation.
-    5. An unknown view is a 422."""
+    5. An unknown view is a 422.
+    6. The drain ends the tree as its summary says (tests/service/truth.py)."""
     running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "60",
                                 "--long-poll-cap", str(POLL_S))
     tree = start_tree(janitor, {"children": [{"children": [{}]}, {"children": [{}]}]},
@@ -97,3 +99,5 @@ def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
         assert answer["phase"] in ("draining", "migrating", "terminating", "done")
         assert set(answer) == ROUTER_KEYS
         assert client.get("/status", params={"view": "everything"}).status_code == 422
+        done = client.get("/drain").json()
+    assert_summary_is_true(done, tree, root_code=tree.root.wait(timeout=30))

@@ -143,3 +143,4 @@ def test_a_process_that_still_runs_fails_the_check(
         {"pid": pid, "fate": "exited", "exit_code": 0} for pid in tree.pids()]}
     with pytest.raises(AssertionError, match="run"):
         assert_summary_is_true(summary, tree, root_code=0)
+    tree.end()
