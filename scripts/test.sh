@@ -16,7 +16,64 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy
 echo "== core tests"
-.venv/bin/pytest
+# Under coverage, counting every Python process the tests start (configuration and why in
+# pyproject.toml, [tool.coverage.*]); COVERAGE=0 runs them without it. Each process writes
+# a file under .coverage-data/; they are combined and reported after the run, also when a
+# test failed, and the script then exits with pytest's code.
+coverage_report() {
+    .venv/bin/coverage combine -q || return
+    # What combine could not read is the file of a process killed while it wrote it.
+    local torn
+    torn=$(find .coverage-data -maxdepth 1 -name '.coverage.*' | wc -l)
+    if [ "$torn" -gt 0 ]; then
+        echo "coverage: dropped $torn unreadable data file(s) (processes killed while saving)"
+        find .coverage-data -maxdepth 1 -name '.coverage.*' -delete
+    fi
+    echo "== coverage (statements and branches; the tests and every Python process they start;"
+    echo "   fully covered files left out)"
+    .venv/bin/coverage report --skip-covered --sort=cover || return
+    .venv/bin/coverage json -q -o .coverage-data/coverage.json || return
+    echo "-- totals (branches taken of all branches; coverage.py's statements+branches figure)"
+    .venv/bin/python - .coverage-data/coverage.json <<'EOF'
+import json
+import sys
+
+files = json.load(open(sys.argv[1]))["files"]
+state_file = ("coordinator/drain/state_file.py", "coordinator/drain/state_schema.py",
+              "coordinator/service/restore.py", "coordinator/service/persistence.py")
+areas = {
+    "coordinator": lambda name: name.startswith("coordinator/"),
+    "coordinator/kill": lambda name: name.startswith("coordinator/kill/"),
+    "coordinator/drain": lambda name: name.startswith("coordinator/drain/"),
+    "state file modules": lambda name: name in state_file,
+}
+for area, member in areas.items():
+    sums = [f["summary"] for name, f in files.items() if member(name)]
+    taken = sum(s["covered_branches"] for s in sums)
+    branches = sum(s["num_branches"] for s in sums)
+    done = taken + sum(s["covered_lines"] for s in sums)
+    total = branches + sum(s["num_statements"] for s in sums)
+    print(f"{area:20} branches {taken:5}/{branches:<5} {100 * taken / max(branches, 1):5.1f}%"
+          f"   statements+branches {100 * done / max(total, 1):5.1f}%")
+EOF
+    echo "(each line and branch: .venv/bin/coverage report -m --include=PATTERN;"
+    echo " data in .coverage-data/.coverage, JSON in .coverage-data/coverage.json)"
+}
+started=$SECONDS
+status=0
+if [ "${COVERAGE:-1}" = 0 ]; then
+    .venv/bin/pytest || status=$?
+else
+    rm -rf .coverage-data .coverage
+    .venv/bin/coverage run -m pytest || status=$?
+fi
+echo "core tests: $((SECONDS - started)) s wall time (coverage: ${COVERAGE:-1})"
+if [ "${COVERAGE:-1}" != 0 ]; then
+    coverage_report || echo "coverage: no report (see the errors above)"
+fi
+if [ "$status" != 0 ]; then
+    exit "$status"
+fi
 echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers)"
 bash scripts/engines.sh
 .venv/bin/pytest -m engine tests/engines
