@@ -146,6 +146,9 @@ class ProcessScan:
         self.scanned: dict[int, ProcessOutcome] = {}
         self.exited: dict[int, float] = {}
         """Registered roots that exited (PID to start time), until deregistered."""
+        self.left_behind: dict[int, ProcessOutcome] = {}
+        """What was last listed under each exited root when it exited (by PID): a later scan
+        no longer lists the ones that died with it, yet the drain must report them."""
         self._facts: dict[int, RootFacts] = {}
         self._on_change = on_change
         """Called when the set of adopted roots or of listed processes changed."""
@@ -176,7 +179,11 @@ class ProcessScan:
         return adopted, list_processes(live, previous, exited, facts)
 
     def root_exited(self, pid: int, start_time: float) -> None:
-        """A registered root exited: its leftovers are looked for from now on."""
+        """A registered root exited: its leftovers are looked for from now on, and what was
+        listed under it is remembered (the kill reports those that are gone ``gone``)."""
+        if pid not in self.exited:
+            self.left_behind.update((o.pid, o) for o in self.scanned.values()
+                                    if o.root_pid == pid and o.depth > 0)
         self.exited[pid] = start_time
 
     def rescan_soon(self, roots: Roots) -> None:
@@ -192,8 +199,9 @@ class ProcessScan:
         live_pids = {pid for pid, _ in live}
         exited = {pid: start for pid, start in self.exited.items() if pid not in live_pids}
         listing = list_processes(live, self.scanned, exited, self._facts)
-        out = {o.pid: o for o in self.scanned.values()
-               if o.root_pid in exited and o.depth > 0}
+        out = {o.pid: o for o in self.left_behind.values() if o.root_pid in exited}
+        out.update((o.pid, o) for o in self.scanned.values()
+                   if o.root_pid in exited and o.depth > 0)
         out.update((o.pid, o) for o in listing.processes.values()
                    if o.root_pid in exited or o.pid in listing.left)
         alive = {pid for pid in out if pid in listing.snap}
@@ -207,6 +215,7 @@ class ProcessScan:
         self.scanned = {p: o for p, o in self.scanned.items() if o.root_pid != root_pid}
         self.exited.pop(root_pid, None)
         self._facts.pop(root_pid, None)
+        self.left_behind = {p: o for p, o in self.left_behind.items() if o.root_pid != root_pid}
 
     def start(self, interval_s: float, roots: Callable[[], Roots],
               paused: Callable[[], bool]) -> None:

@@ -9,19 +9,12 @@ import signal
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.kill.helpers import alive, start_tree
 from tests.service.servers import FAST, register, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: processes of a registered tree that end before the kill phase are left out "
-    "of the drain summary (here all three: processes == []), and the drain of an engine that "
-    "crashed is judged nothing_to_drain ('No process was registered or adopted') instead of "
-    "naming the main process's SIGKILL; with the crash racing a drain that does not wait, "
-    "only the main process is listed and its PDEATHSIG children are still missing"))
 def test_an_engine_that_crashes_mid_drain_is_reported(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
