@@ -13,6 +13,7 @@ from typing import Any
 
 from coordinator.sim.launcher import EngineHandle, start_engine
 from coordinator.streaming_load import StreamingLoad
+from tests.kill.helpers import alive
 from tests.service.servers import FAST, Running, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -102,10 +103,32 @@ class Load(StreamingLoad):
 
 
 def summary_is_graceful(summary: dict[str, Any], main_pid: int) -> list[str]:
-    """What is wrong with a drain summary (empty when every process ended gracefully)."""
+    """What is wrong with how a drain summary says the processes ended (empty when every
+    process ended gracefully and the main process, the test's own child and so a zombie
+    the coordinator can read until the test waits for it, is listed once with exit code
+    0). The outcome is the caller's to check: it also judges the migrations."""
     wrong = [f"{p['pid']} {p['name']}: {p['fate']}" for p in summary["processes"]
              if p["fate"] not in ("exited", "gone")]
     main = [p for p in summary["processes"] if p["pid"] == main_pid]
-    if not main or main[0]["exit_code"] not in (0, None):
+    if len(main) != 1 or main[0]["exit_code"] != 0:
         wrong.append(f"main process: {main}")
     return wrong
+
+
+def assert_true_to_the_records(summary: dict[str, Any], engine: EngineHandle,
+                               main_code: int) -> None:
+    """The drain summary says what the simulated engine's processes say of themselves: each
+    one listed once (and nothing else), none still running (/proc), every one finished its
+    cleanup (its own end record) and exited with the code it recorded, the main process
+    with its wait status ``main_code``."""
+    records = {int(r["pid"]): r for r in engine.records()}
+    listed = {int(p["pid"]): p for p in summary["processes"]}
+    pids = {p.pid for p in engine.processes}
+    assert len(summary["processes"]) == len(listed) == len(records) == len(pids)
+    assert set(listed) == set(records) == pids
+    assert not [pid for pid in pids if alive(pid)]
+    assert records[engine.pid]["exit_code"] == main_code
+    for pid, record in records.items():
+        assert (record["cleanup"], record["signal"]) == ("finished", "SIGTERM"), record
+        assert (listed[pid]["fate"], listed[pid]["exit_code"]) == (
+            "exited", record["exit_code"]), (listed[pid], record)
