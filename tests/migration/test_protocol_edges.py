@@ -1,5 +1,9 @@
 """The protocol's edges: a router that never acknowledges, a coordinator that comes late, a
-SIGTERM that reaches the engine directly."""
+SIGTERM that reaches the engine directly.
+
+The engine that drains holds its streams after a few tokens until they are handed back
+(``--hold-after-tokens``), so each drain lands mid-stream without racing the token clock.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +49,8 @@ async def _stream(url: str, request_id: str, prompt: str, max_tokens: int,
 
 
 async def test_router_that_never_acknowledges(janitor: ProcessJanitor, tmp_path: Path) -> None:
-    """1. One pod with a 5 s budget; 4 streams straight to its engine (no router, so no one
-       will ever acknowledge a handoff).
+    """1. One pod with a 5 s budget, its streams held after 2 tokens; 4 streams straight to
+       its engine (no router, so no one will ever acknowledge a handoff).
     2. Once each has 2 tokens, start the drain (POST /drain, wait=false).
     3. Each stream ends with the handed-back event; /status lists the 4 migrations while the
        phase is migrating.
@@ -54,7 +58,7 @@ async def test_router_that_never_acknowledges(janitor: ProcessJanitor, tmp_path:
        it) is handed back at once with 0 tokens.
     5. The migrating phase holds until its deadline, then the drain still ends: phase done,
        the tree ended gracefully; at the budget's end the 5 handoffs expire."""
-    pod = start_pod(janitor, tmp_path, "pod", "--grace-period", "6")
+    pod = start_pod(janitor, tmp_path, "pod", "--grace-period", "6", hold_after_tokens=2)
     coordinator = pod.coordinator
     assert coordinator is not None
     warm = [asyncio.Event() for _ in range(4)]
@@ -81,7 +85,7 @@ async def test_router_that_never_acknowledges(janitor: ProcessJanitor, tmp_path:
         return status if ids == {"r0", "r1", "r2", "r3"} else None
 
     status = await asyncio.to_thread(wait_for, listed, what="4 migrations listed")
-    assert status["phase"] in ("draining", "migrating"), status["phase"]
+    assert status["phase"] == "migrating", status["phase"]
     late = await _stream(pod.engine.url, "late", "late prompt", 10)
     assert late == [{"handed_back": True, "request_id": "late", "tokens": 0}], late
 
@@ -109,7 +113,9 @@ async def test_coordinator_absent_when_the_engine_starts(
     4. The engine registers on its own (background retries) and holds its event stream.
     5. A drain hands its stream back and ends with the tree gone gracefully, main exit 0."""
     port = free_port()
-    knobs: dict[str, Any] = {**ENGINE, "coordinator": f"http://127.0.0.1:{port}"}
+    # A stream of more than 5 tokens is held after 5 until handed back.
+    knobs: dict[str, Any] = {**ENGINE, "coordinator": f"http://127.0.0.1:{port}",
+                             "hold_after_tokens": 5}
     handle = start_engine(janitor.spawn, tmp_path / "records", **knobs)
     got = await _stream(handle.url, "before", "early prompt", 5)
     assert [sse.chunk_text(e) for e in got if isinstance(e, dict)] == expected_tokens(
@@ -135,12 +141,14 @@ async def test_coordinator_absent_when_the_engine_starts(
 async def test_sigterm_to_the_engine_drains_through_the_coordinator(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
-    """1. 2 pods and the router; 16 streams.
+    """1. 2 pods and the router; 16 streams; pod 0 holds its streams after 3 tokens.
     2. Once each has 3 tokens, SIGTERM pod 0's engine main process directly (no GET /drain).
     3. Pod 0's coordinator starts the same drain (its reason names the SIGTERM).
-    4. Every stream completes exactly (continued on pod 1); the engine exits 0 after its own
-       cleanup; the drain ends done."""
-    pods = [start_pod(janitor, tmp_path, f"pod{i}") for i in range(2)]
+    4. Every stream completes exactly, pod 0's handed back and continued on pod 1 (none
+       could finish on pod 0); the engine exits 0 after its own cleanup; the drain ends
+       done."""
+    pods = [start_pod(janitor, tmp_path, "pod0", hold_after_tokens=3),
+            start_pod(janitor, tmp_path, "pod1")]
     janitor.service(pods[1].engine.proc)  # scenery: the janitor stops it at the end
     router = start_router(janitor, tmp_path, pods)
     load = Load(router, 16, 40)
@@ -159,6 +167,9 @@ async def test_sigterm_to_the_engine_drains_through_the_coordinator(
     streams = await asyncio.wait_for(running, 120)
     broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
     assert not broken, broken
+    stats = (await asyncio.to_thread(httpx.get, f"{router}/stats")).json()
+    assert stats["handed_back"] >= 1, stats
+    assert (stats["continued"], stats["failed"]) == (stats["handed_back"], 0), stats
     drain = await asyncio.to_thread(httpx.get, f"{coordinator.url}/drain", timeout=60)
     assert drain.json()["phase"] == "done", json.dumps(drain.json())[:500]
     assert pods[0].engine.proc.wait(timeout=30) == 0
