@@ -43,7 +43,9 @@ async def test_terminating_waits_for_the_engines_zero_inflight_report(
     5. The drain ends done, gracefully; in its timeline terminating comes after every
        handoff's handed_back_at (the coordinator's own clock) and before the migration
        deadline."""
-    pod = start_pod(janitor, tmp_path, "pod")
+    # Streams wait after 2 tokens for their hand-back: the drain lands mid-stream however
+    # slow the machine (400 tokens would otherwise be a 16 s window).
+    pod = start_pod(janitor, tmp_path, "pod", hold_after_tokens=2)
     coordinator = pod.coordinator
     assert coordinator is not None
     warm = [asyncio.Event() for _ in range(STREAMS)]
