@@ -7,6 +7,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,6 +25,9 @@ from tests.kill.helpers import alive, start_time, start_tree
 from tests.support.processes import ProcessJanitor, wait_for
 
 SLEEPER = ["-c", "import time; time.sleep(120)"]
+BYSTANDER: dict[str, Any] = {"service": True, "exit_code": -signal.SIGTERM}
+"""A sleeper the kill must leave alone: the janitor stops it at the end, and it must still
+be there to die of that SIGTERM (its default action)."""
 PID_MAX = int(Path("/proc/sys/kernel/pid_max").read_text())
 SLOW_TREE = {
     "teardown": 0.2,
@@ -157,7 +161,7 @@ async def test_a_target_inside_another_targets_tree_keeps_its_depth(
 async def test_a_recycled_pid_is_reported_gone_and_left_alone(janitor: ProcessJanitor) -> None:
     """1. a live process; 2. a Target with its PID but another start time (a PID reused
     since registration); 3. reported gone; 4. the live process was never signalled."""
-    proc = janitor.spawn_python(SLEEPER)
+    proc = janitor.spawn_python(SLEEPER, **BYSTANDER)
     stale = Target(proc.pid, start_time=start_time(proc.pid) - 5.0)
     report = await terminate([stale], KillPolicy(deadline_s=5))
     (outcome,) = report.processes
@@ -176,7 +180,7 @@ async def test_protected_targets_are_refused_before_anything_is_signalled(
 ) -> None:
     """1. a live process and a protected PID in the same call; 2. terminate refuses with
     RefusedTarget; 3. the live process was not signalled."""
-    proc = janitor.spawn_python(SLEEPER)
+    proc = janitor.spawn_python(SLEEPER, **BYSTANDER)
     with pytest.raises(RefusedTarget) as refused:
         await terminate([Target(proc.pid), Target(pid)], KillPolicy(deadline_s=5))
     assert refused.value.pid == pid
@@ -200,7 +204,7 @@ async def test_a_second_concurrent_run_joins_the_first(
     process was left alone, and nothing was SIGKILLed (every process ran its cleanup, its
     own record says so)."""
     tree = start_tree(janitor, {"teardown": 0.3, "children": [{"teardown": 0.3}]}, tmp_path)
-    other = janitor.spawn_python(SLEEPER)
+    other = janitor.spawn_python(SLEEPER, **BYSTANDER)
     terminator = Terminator()
     reported = asyncio.Event()
     first = asyncio.ensure_future(terminator.run(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,10 +74,11 @@ async def test_a_thread_id_target_is_reported_and_the_other_trees_still_end(
     is not a process) and its process is left alone (still running, never signalled);
     4. the tree ended in full: every process's own record says its cleanup ran."""
     tree = start_tree(janitor, TREE, tmp_path / "tree")
+    # Left alone by the kill: the janitor stops it at the end (SIGTERM's default action).
     threaded = janitor.spawn_python(["-c", (
         "import threading, time\n"
         "threading.Thread(target=time.sleep, args=(600,), daemon=True).start()\n"
-        "time.sleep(600)\n")])
+        "time.sleep(600)\n")], service=True, exit_code=-signal.SIGTERM)
     task_dir = Path(f"/proc/{threaded.pid}/task")
 
     def second_thread() -> list[int]:
@@ -123,3 +125,4 @@ async def test_running_out_of_file_descriptors_is_reported_not_called_gone(
     assert not report.graceful
     assert all(alive(p) for p in tree.pids())
     assert tree.markers() == {}
+    tree.end()

@@ -7,6 +7,7 @@ processes daemonize, checked against /proc and the processes' own records.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -151,7 +152,8 @@ def test_clients_finds_the_process_connected_to_our_listener(janitor: ProcessJan
         code = f"import socket,sys; s=socket.create_connection(('127.0.0.1',{port})); " \
                "s.recv(1); sys.stdin.read()"
         client = janitor.spawn_python(["-c", code])
-        bystander = janitor.spawn_python(["-c", "import time; time.sleep(60)"])
+        bystander = janitor.spawn_python(["-c", "import time; time.sleep(60)"], service=True,
+                                         exit_code=-signal.SIGTERM)
         conn, _ = server.accept()
         with conn:
             assert callers.clients([client.pid, bystander.pid]) == {client.pid}
@@ -204,6 +206,8 @@ async def test_on_a_plain_host_membership_adds_nothing(
             [tree["pid"], *tree["children"]])
         assert running(daemon["pid"], daemon["start_ticks"])
         assert not (tmp_path / f"daemon-{daemon['pid']}.json").exists()
+        os.kill(daemon["pid"], signal.SIGTERM)  # the test's to end, as nothing else finds it
+        wait_for(lambda: not running(daemon["pid"], daemon["start_ticks"]), what="daemon end")
 
 
 async def test_a_process_reparented_in_the_roots_session_is_found(

@@ -20,7 +20,7 @@ SLEEPER = ["-c", "import time; time.sleep(120)"]
 
 
 def test_start_time_equals_psutil_create_time(janitor: ProcessJanitor) -> None:
-    proc = janitor.spawn_python(SLEEPER)
+    proc = janitor.spawn_python(SLEEPER, service=True, exit_code=-signal.SIGTERM)
     assert procfs.start_time(proc.pid) == psutil.Process(proc.pid).create_time()
     assert procfs.start_time(os.getpid()) == psutil.Process().create_time()
 
@@ -46,6 +46,7 @@ def test_descendants_and_ancestors(janitor: ProcessJanitor, tmp_path: Path) -> N
     deepest = next(p["pid"] for p in tree.processes if p["depth"] == 2)
     assert procfs.ancestors(deepest)[:2] == [tree.pids()[1], tree.pid]
     assert procfs.read_stat(2**22 + 12345) is None
+    tree.end()
 
 
 def test_pidfd_info_layout_round_trips() -> None:
@@ -133,12 +134,13 @@ def test_non_child_exit_code_via_pidfd_get_info(janitor: ProcessJanitor, tmp_pat
         assert pidfd.exit_code(fd, child, 0) == 3
     finally:
         os.close(fd)
+    tree.end()
 
 
 def test_zombie_exit_code_from_proc_stat(janitor: ProcessJanitor) -> None:
     """A zombie not yet reaped: the status is read from /proc/<pid>/stat (start time checked)."""
     code = "import os, sys, time\nif os.fork() == 0: os._exit(5)\nsys.stdin.read(); time.sleep(60)"
-    parent = janitor.spawn_python(["-c", code])
+    parent = janitor.spawn_python(["-c", code], service=True, exit_code=-signal.SIGTERM)
     kid = wait_for(lambda: psutil.Process(parent.pid).children(), what="the fork")[0].pid
     wait_for(lambda: (s := procfs.read_stat(kid)) is not None and s.zombie, what="a zombie")
     stat = procfs.read_stat(kid)

@@ -38,7 +38,8 @@ def test_the_hello_names_the_pipe_rung_at_a_drain_and_taken_back_at_its_abort(
     4. The coordinator exits on SIGTERM: the pipe is gone and a listener sees end-of-file."""
     bell = tmp_path / "run" / "doorbell"
     running = start_coordinator(janitor, tmp_path, *FAST, "--doorbell", str(bell))
-    worker_id = hold_drains(running, janitor.spawn(["sleep", "600"]).pid)
+    holder = janitor.spawn(["sleep", "600"], service=True, exit_code=-signal.SIGTERM)
+    worker_id = hold_drains(running, holder.pid)
     named = _hello(running, worker_id)["doorbell"]
     st = os.stat(bell)
     assert named == {"path": str(bell), "dev": st.st_dev, "ino": st.st_ino}
@@ -68,7 +69,7 @@ def test_doorbell_off_and_an_unusable_path_leave_the_workers_on_their_streams(
     2. ``--doorbell`` at a regular file: the coordinator serves anyway, says why in its log,
        names no pipe, and leaves the file as it was."""
     off = start_coordinator(janitor, tmp_path, *FAST, "--doorbell", "off", name="off")
-    sleeper = janitor.spawn(["sleep", "600"])
+    sleeper = janitor.spawn(["sleep", "600"], service=True, exit_code=-signal.SIGTERM)
     worker = register(off, sleeper.pid)
     assert "doorbell" not in _hello(off, worker["id"])
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +160,7 @@ def test_non_finite_numbers_are_a_422_in_every_field(
     every body, inside a handoff's detail, and in ``/status``'s query; 3. each answers 422
     with a strict-JSON detail, never a 5xx; 4. nothing was stored or started: ``/status`` is
     strict JSON, still ``serving``, with one worker and no migration."""
-    sleeper = janitor.spawn(["sleep", "600"])
+    sleeper = janitor.spawn(["sleep", "600"], service=True, exit_code=-signal.SIGTERM)
     worker_id = register(running, sleeper.pid)["id"]
     with running.client() as client:
         for literal in NON_FINITE:
@@ -185,7 +186,7 @@ def test_a_thread_id_is_not_a_process(running: Running, janitor: ProcessJanitor)
     """1. start a python child with a second thread and read that thread's id from
     ``/proc/<pid>/task``; 2. registering the thread id answers 422 naming it a thread of the
     child; 3. the child itself (the thread-group leader) registers; 4. only it is listed."""
-    child = janitor.spawn_python(["-c", THREADED])
+    child = janitor.spawn_python(["-c", THREADED], service=True, exit_code=-signal.SIGTERM)
     task = Path(f"/proc/{child.pid}/task")
     tids = wait_for(lambda: [int(t) for t in os.listdir(task) if int(t) != child.pid],
                     what="the child's second thread")

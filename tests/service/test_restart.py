@@ -186,7 +186,7 @@ def test_done_with_a_process_still_running_waits_for_a_new_worker(
        and the timeline names the survivor."""
     state = tmp_path / "drain.json"
     finished_drain(janitor, tmp_path, state)
-    survivor = janitor.spawn(["sleep", "1000"])
+    survivor = janitor.spawn(["sleep", "1000"], service=True, exit_code=-signal.SIGTERM)
     document = json.loads(state.read_text())
     document["drain"]["outcomes"].append(
         {"pid": survivor.pid, "name": "sleep", "fate": "survived",
@@ -202,6 +202,7 @@ def test_done_with_a_process_still_running_waits_for_a_new_worker(
         assert refused.status_code == 409
         assert "finished drain" in refused.json()["detail"]
         new = start_tree(janitor, tmp_path, children=0, grandchildren=0, tag="new")
+        janitor.service(new["pid"])  # scenery: a registered engine nothing drains
         assert client.post("/workers", json={"pid": new["pid"]}).status_code == 201
     status = running.status()
     assert status["phase"] == "serving"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ def test_no_input_makes_it_answer_5xx(janitor: ProcessJanitor, tmp_path: Path) -
     3. none answers 5xx;
     4. the coordinator is still up, and every process it ever listed is the sleeper (the
        only process inside the confinement)."""
-    sleeper = janitor.spawn(["sleep", "600"])
+    sleeper = janitor.spawn(["sleep", "600"], service=True, exit_code=-signal.SIGTERM)
     running = start_coordinator(
         janitor, tmp_path, "--grace-period", "3", "--safety-margin", "1", "--tier-timeout",
         "0.5", "--confirm-timeout", "0.5", "--prekill-timeout", "0.2", "--long-poll-cap",

@@ -280,10 +280,10 @@ class ProcessJanitor:
 
     def service(self, proc: object, *, exit_code: int = 0,
                 stop_within_s: float = SERVICE_STOP_S) -> None:
-        """Declare ``proc`` (a ``Popen`` ``spawn`` returned) a service the janitor stops at
-        the end: SIGTERM, then it must exit ``exit_code`` within ``stop_within_s``."""
-        for started in self._started:
-            if started.proc is proc:
+        """Declare ``proc`` (a ``Popen`` ``spawn`` returned, or its PID) a service the janitor
+        stops at the end: SIGTERM, then it must exit ``exit_code`` within ``stop_within_s``."""
+        for started in reversed(self._started):
+            if started.proc is proc or (isinstance(proc, int) and started.pid == proc):
                 started.service = True
                 started.exit_code = exit_code
                 started.stop_within_s = stop_within_s

@@ -41,7 +41,8 @@ def test_the_doorbell_wakes_an_engine_whose_stream_is_stalled(
     bell = tmp_path / "run" / "doorbell"
     coordinator = start_coordinator(janitor, tmp_path, *FAST, "--doorbell", str(bell))
     relay = janitor.spawn_python([str(RELAY), coordinator.url.rsplit(":", 1)[1]],
-                                 stdout=subprocess.PIPE)
+                                 stdout=subprocess.PIPE, service=True,
+                                 exit_code=-signal.SIGTERM)
     assert relay.stdout is not None
     relayed = f"http://127.0.0.1:{int(relay.stdout.readline())}"
     child = janitor.spawn([sys.executable, str(CHILD), relayed, "loop", "follow"], cwd=ROOT,
