@@ -17,5 +17,6 @@ def janitor() -> Iterator[ProcessJanitor]:
         yield j
     finally:
         j.close()
-    if j.problems:
-        pytest.fail(str(LeftBehind(j.problems)), pytrace=False)
+    problems, j.problems = j.problems, []
+    if problems:
+        pytest.fail(str(LeftBehind(problems)), pytrace=False)

@@ -6,16 +6,28 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.support.processes import ProcessJanitor
+import pytest
+
+from tests.support.processes import LeftBehind, ProcessJanitor
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.xfail(
+    strict=True, raises=LeftBehind,
+    reason="the demo's LocalStack.close() SIGKILLs coordinators before they remove their "
+    "doorbell pipes: it gives each process 5 s after SIGTERM (tier_timeout_s = timeout_s / "
+    "2), and a coordinator the router watches holds a GET /status?wait= long-poll that "
+    "nothing wakes at shutdown (fast_status.long_poll waits for a new generation or the 30 s "
+    "cap), so uvicorn keeps it up for its own 5 s graceful bound (SHUTDOWN_BOUND_S); "
+    "shutdown-coordinator-doorbell-<pid> stays in the runtime directory")
 def test_demo_loses_nothing_and_ends_gracefully(janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. Run `shutdown-coordinator demo` with a small load (its own session, so every process
        it starts is ours to clean up).
     2. It exits 0 and reports 0 lost, 0 missing, 0 duplicated, and a graceful drain.
-    3. It left no process behind: its session is empty once it has exited."""
+    3. It left no process behind: its session is empty once it has exited.
+    4. Nor anything in the runtime directory: each coordinator it started removed its
+       doorbell pipe (``--doorbell auto``) as it stopped."""
     out = tmp_path / "demo.out"
     with out.open("wb") as handle:
         proc = janitor.spawn([sys.executable, "-m", "coordinator", "demo", "--streams", "12",
@@ -30,3 +42,4 @@ def test_demo_loses_nothing_and_ends_gracefully(janitor: ProcessJanitor, tmp_pat
     assert "dp_controller" in text, text
     assert "scheduler" in text, text
     assert not list(janitor.leftovers()), "the demo left processes behind"
+    janitor.assert_clean()

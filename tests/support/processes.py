@@ -489,9 +489,17 @@ class ProcessJanitor:
         self.problems.append(f"{what}: {path}{by}")
 
     def check(self) -> None:
-        """Raise when ``close()`` had to end anything, or found anything wrong."""
-        if self.problems:
-            raise LeftBehind(self.problems)
+        """Raise when ``close()`` had to end anything, or found anything wrong (each problem
+        is raised once)."""
+        problems, self.problems = self.problems, []
+        if problems:
+            raise LeftBehind(problems)
+
+    def assert_clean(self) -> None:
+        """``close()`` then ``check()`` now, in the test's body: for a test that wants what
+        was left behind to fail the test itself (a strict xfail only sees the body)."""
+        self.close()
+        self.check()
 
 
 class LeftBehind(AssertionError):

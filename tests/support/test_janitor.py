@@ -123,6 +123,11 @@ def test_killed_coordinator_leaves_its_doorbell(janitor, tmp_path):
     proc.wait(timeout=30)
 
 
+def test_assert_clean_fails_the_body(janitor):
+    record("in_body", janitor.spawn(["sleep", "600"]).pid)
+    janitor.assert_clean()
+
+
 def test_clean(janitor):
     ended = janitor.spawn(["sleep", "600"])
     ended.terminate()
@@ -159,6 +164,10 @@ EXPECTED_FAILURES = {
                              "test process, not started by the janitor]: ended on SIGTERM"),
     "test_killed_coordinator_leaves_its_doorbell": "left in the test's runtime directory: {bell}",
 }
+IN_THE_BODY = {
+    "test_assert_clean_fails_the_body": "left running: pid {in_body} (sleep) `sleep 600`",
+}
+"""Tests whose ``janitor.assert_clean()`` fails them in their body (teardown is clean)."""
 EXPECTED_DETAILS = {
     "test_stubborn_service": "still running 1 s after SIGTERM, SIGKILLed",
     "test_service_exit_code": "exited 3 on SIGTERM, expected 0",
@@ -197,9 +206,11 @@ def test_the_janitor_fails_each_leak_and_passes_clean_tests(
        started with ``subprocess.Popen``, not through the janitor; a coordinator killed
        by SIGKILL, whose doorbell pipe stays in the runtime directory; and two clean tests
        (processes ended and a zombie left unreaped; services that exit with the codes they
-       declare; a coordinator stopped as a service, which removes its pipe).
+       declare; a coordinator stopped as a service, which removes its pipe); and a leak
+       that ``janitor.assert_clean()`` reports in the test's body.
     2. Each leaky test errors in its teardown, naming the process by PID (or the pipe by
-       path) and how it ended; the clean tests pass.
+       path) and how it ended (the ``assert_clean`` one fails in its body instead, and only
+       there); the clean tests pass.
     3. Every process the inner tests started is gone (per /proc), and the inner janitors
        left nothing to this test's janitor."""
     inner = tmp_path / "inner"
@@ -225,10 +236,12 @@ def test_the_janitor_fails_each_leak_and_passes_clean_tests(
     pids = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
     names = {name: info["pid"] for name, info in pids.items()}
     assert set(names) == {"leaky", "stubborn", "wrong_code", "grandchild", "daemon", "orphan",
-                          "orphan_service", "unmanaged", "clean_service", "coordinator"}, names
+                          "orphan_service", "unmanaged", "in_body", "clean_service",
+                          "coordinator"}, names
     bell = (out / "doorbell.txt").read_text()
     outcomes = _outcomes(junit)
-    assert set(outcomes) == {*EXPECTED_FAILURES, "test_clean", "test_clean_coordinator"}, text
+    assert set(outcomes) == {*EXPECTED_FAILURES, *IN_THE_BODY, "test_clean",
+                             "test_clean_coordinator"}, text
     assert outcomes["test_clean"] == "passed", text
     assert outcomes["test_clean_coordinator"] == "passed", text
     for test, expected in EXPECTED_FAILURES.items():
@@ -237,6 +250,11 @@ def test_the_janitor_fails_each_leak_and_passes_clean_tests(
         wanted = expected.format(bell=bell, **names)
         assert wanted in got, (test, wanted, got)
         assert EXPECTED_DETAILS.get(test, "") in got, (test, got)
+    for test, expected in IN_THE_BODY.items():
+        got = outcomes[test]
+        assert got.startswith("failure: "), (test, got)
+        assert "error: " not in got, (test, got)
+        assert expected.format(**names) in got, (test, got)
     assert not Path(bell).exists()
     for name, info in pids.items():
         assert _gone(info["pid"], info["ticks"]), (name, info)
