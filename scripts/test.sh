@@ -16,10 +16,54 @@ echo "== ruff"
 echo "== mypy"
 .venv/bin/mypy
 echo "== core tests"
-# Under coverage, counting every Python process the tests start (configuration and why in
-# pyproject.toml, [tool.coverage.*]); COVERAGE=0 runs them without it. Each process writes
-# a file under .coverage-data/; they are combined and reported after the run, also when a
-# test failed, and the script then exits with pytest's code.
+# Under coverage (COVERAGE=0: without), counting the Python processes the tests start that
+# import a measured package (coordinator, worker_client, router_client): a .pth file in the
+# virtualenv gives every Python process a finder that, while SHUTDOWN_COORDINATOR_COVERAGE
+# names the configuration, calls coverage.process_startup() when the first of those packages
+# is imported. A process that never imports one (a test tree, a shell helper) does not load
+# coverage at all, which keeps the run close to its time without coverage; one that does is
+# measured from before its first line of measured code. Each measured process writes a file
+# under .coverage-data/; they are combined and reported after the run, also when a test
+# failed, and the script then exits with pytest's code. Configuration: pyproject.toml,
+# [tool.coverage.*].
+install_coverage_hook() {
+    local site
+    site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    .venv/bin/python - "$site/shutdown_coordinator_coverage.pth" <<'EOF'
+import sys
+
+HOOK = """
+import os, sys
+
+MEASURED = ("coordinator", "worker_client", "router_client")
+
+class StartCoverageOnFirstImport:
+    started = False
+
+    def find_spec(self, name, path=None, target=None):
+        if self.started or name.partition(".")[0] not in MEASURED:
+            return None
+        self.started = True
+        try:
+            sys.meta_path.remove(self)
+            os.environ["COVERAGE_PROCESS_START"] = os.environ["SHUTDOWN_COORDINATOR_COVERAGE"]
+            import coverage
+            coverage.process_startup()
+        except Exception as exc:  # never in the way of the import itself
+            sys.stderr.write(f"coverage did not start: {exc!r}\\n")
+        finally:
+            # Not inherited: coverage's own .pth would start it in every child at once.
+            os.environ.pop("COVERAGE_PROCESS_START", None)
+        return None
+
+sys.meta_path.insert(0, StartCoverageOnFirstImport())
+"""
+with open(sys.argv[1], "w") as pth:
+    # A namespace of its own: site runs each line inside a function.
+    pth.write("import os; exec(%r, {}) if os.environ.get('SHUTDOWN_COORDINATOR_COVERAGE') "
+              "else None\n" % HOOK)
+EOF
+}
 coverage_report() {
     .venv/bin/coverage combine -q || return
     # What combine could not read is the file of a process killed while it wrote it.
@@ -29,8 +73,8 @@ coverage_report() {
         echo "coverage: dropped $torn unreadable data file(s) (processes killed while saving)"
         find .coverage-data -maxdepth 1 -name '.coverage.*' -delete
     fi
-    echo "== coverage (statements and branches; the tests and every Python process they start;"
-    echo "   fully covered files left out)"
+    echo "== coverage (statements and branches, of the tests and of each process they started"
+    echo "   that imported a measured package; fully covered files left out)"
     .venv/bin/coverage report --skip-covered --sort=cover || return
     .venv/bin/coverage json -q -o .coverage-data/coverage.json || return
     echo "-- totals (branches taken of all branches; coverage.py's statements+branches figure)"
@@ -65,7 +109,9 @@ if [ "${COVERAGE:-1}" = 0 ]; then
     .venv/bin/pytest || status=$?
 else
     rm -rf .coverage-data .coverage
-    .venv/bin/coverage run -m pytest || status=$?
+    install_coverage_hook
+    SHUTDOWN_COORDINATOR_COVERAGE="$PWD/pyproject.toml" \
+        COVERAGE_FILE="$PWD/.coverage-data/.coverage" .venv/bin/pytest || status=$?
 fi
 echo "core tests: $((SECONDS - started)) s wall time (coverage: ${COVERAGE:-1})"
 if [ "${COVERAGE:-1}" != 0 ]; then
