@@ -115,9 +115,10 @@ async def test_engine_crash_mid_drain(janitor: ProcessJanitor, tmp_path: Path) -
     2. Right away, SIGKILL pod 0's engine main process (a crash during the drain; its
        children die through PDEATHSIG).
     3. Every stream still completes exactly (handed back or broken, the router continues
-       it), and the drain still ends with nothing left running: the summary lists none
-       running or survived, and /proc shows none of pod 0's engine processes running; the
-       main process died of SIGKILL (its wait status)."""
+       it), and the drain still ends with nothing left running: the summary lists every
+       process of pod 0's engine once, none running or survived, and /proc agrees; the main
+       process died of SIGKILL (its wait status), and the summary says so and judges the
+       drain ``signalled``."""
     pods = _pods(janitor, tmp_path)
     router = start_router(janitor, tmp_path, pods)
     load = Load(router, STREAMS, MAX_TOKENS, MIN_TOKENS)
@@ -137,8 +138,11 @@ async def test_engine_crash_mid_drain(janitor: ProcessJanitor, tmp_path: Path) -
     summary = drain.json()
     assert summary["phase"] == "done"
     assert not [p for p in summary["processes"] if p["fate"] in ("running", "survived")]
-    # Whether the summary lists the crashed engine's processes (it does not yet): see
-    # tests/service/test_crash_mid_drain.py.
     engine = pods[0].engine
-    assert not [p.pid for p in engine.processes if alive(p.pid)]
+    pids = sorted(p.pid for p in engine.processes)
+    assert sorted(p["pid"] for p in summary["processes"]) == pids
+    assert not [pid for pid in pids if alive(pid)]
     assert engine.proc.wait(timeout=30) == -signal.SIGKILL
+    main = next(p for p in summary["processes"] if p["pid"] == engine.pid)
+    assert main["exit_code"] == -signal.SIGKILL, main
+    assert summary["outcome"] == "signalled", summary["drain"]["causes"]
