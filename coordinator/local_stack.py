@@ -59,6 +59,7 @@ class LocalStack:
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._coordinators: set[int] = set()
 
     # -- starting -------------------------------------------------------------------------
 
@@ -82,6 +83,7 @@ class LocalStack:
              "--port-file", str(port_file), "--log-level", "warning", *args],
             f"{name}.log",
         )
+        self._coordinators.add(proc.pid)
         url = _wait_for_json_url(proc, port_file, f"coordinator {name}")
         _wait_healthy(proc, url + "/healthz", f"coordinator {name}")
         return CoordinatorProcess(proc, url, self.workdir / f"{name}.log")
@@ -116,11 +118,15 @@ class LocalStack:
     # -- ending ---------------------------------------------------------------------------
 
     async def close(self, timeout_s: float = 10.0) -> None:
-        """End every process this stack started (and their descendants), in order."""
-        targets = [Target(pid=p.pid, role="stack") for p in self._procs if p.poll() is None]
-        if targets:
-            await terminate(targets, KillPolicy(tier_timeout_s=timeout_s / 2,
-                                                deadline_s=timeout_s))
+        """End every process this stack started (and their descendants), in order: the
+        router and the engines first, then the coordinators, which then have no stream or
+        long-poll left open and stop at once, removing their doorbell pipes."""
+        for coordinators in (False, True):
+            targets = [Target(pid=p.pid, role="stack") for p in self._procs
+                       if p.poll() is None and (p.pid in self._coordinators) is coordinators]
+            if targets:
+                await terminate(targets, KillPolicy(tier_timeout_s=timeout_s / 2,
+                                                    deadline_s=timeout_s))
         for proc in self._procs:
             try:
                 proc.wait(timeout=timeout_s)

@@ -6,21 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-from tests.support.processes import LeftBehind, ProcessJanitor
+from tests.support.processes import ProcessJanitor
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.xfail(
-    strict=True, raises=LeftBehind,
-    reason="the demo's LocalStack.close() SIGKILLs coordinators before they remove their "
-    "doorbell pipes: it gives each process 5 s after SIGTERM (tier_timeout_s = timeout_s / "
-    "2), and a coordinator the router watches holds a GET /status?wait= long-poll that "
-    "nothing wakes at shutdown (fast_status.long_poll waits for a new generation or the 30 s "
-    "cap), so uvicorn keeps it up for its own 5 s graceful bound (SHUTDOWN_BOUND_S); "
-    "shutdown-coordinator-doorbell-<pid> stays in the runtime directory")
 def test_demo_loses_nothing_and_ends_gracefully(janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. Run `shutdown-coordinator demo` with a small load (its own session, so every process
        it starts is ours to clean up).

@@ -5,8 +5,8 @@ Shutdown on SIGTERM/SIGINT, as steps:
     1. the signal handler only records the signal;
     2. the server's loop (uvicorn's tick) sees it; while a drain runs it keeps serving, so
        the drain finishes within its budget and ``GET /drain`` callers get their summary;
-    3. then the workers' event streams are closed and uvicorn shuts down (listeners,
-       connections, bounded wait), and the process exits 0.
+    3. then the workers' event streams are closed, long-polls are answered, and uvicorn
+       shuts down (listeners, connections, bounded wait), and the process exits 0.
 
 A second SIGINT (or SIGQUIT) escalates: stop now, without waiting for the drain.
 """
@@ -83,6 +83,9 @@ class CoordinatorServer(uvicorn.Server):
                     self.force_exit = True
                 log.info("stopping (signal %s)", signal.Signals(self.stop_signals[0]).name)
                 self.coordinator.notifier.close_all()
+                # Long-polls answer now (a new generation) instead of holding the shutdown
+                # for up to their wait: uvicorn would wait SHUTDOWN_BOUND_S for them.
+                self.coordinator.bump()
                 self.should_exit = True
         return await super().on_tick(counter)
 

@@ -11,30 +11,13 @@ from tests.kill.helpers import start_tree
 from tests.service.servers import FAST, register, start_coordinator
 from tests.service.truth import assert_summary_is_true
 from tests.support.processes import ProcessJanitor, wait_for
+from tests.support.tcp_queues import tcp_queues
 
 ROUTER_KEYS = {"phase", "generation", "ready", "drain", "workers", "migrations",
                "migration_counts"}
 POLL_S = 3600
 """A long-poll this long (and the coordinator's cap raised to it) cannot end by timing out
 while the test runs: an answer within the client's bound means the poll was woken."""
-
-
-def _tcp_queues(server_port: int, client_port: int) -> tuple[int, int] | None:
-    """(unacknowledged bytes the client sent, bytes waiting unread at the server) on the
-    loopback connection between the two ports, from /proc/net/tcp; None until it is up."""
-    client_tx = server_rx = None
-    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-        fields = line.split()
-        local, remote, state, queues = fields[1], fields[2], fields[3], fields[4]
-        if state != "01":  # ESTABLISHED
-            continue
-        ports = (int(local.split(":")[1], 16), int(remote.split(":")[1], 16))
-        tx, rx = (int(q, 16) for q in queues.split(":"))
-        if ports == (client_port, server_port):
-            client_tx = tx
-        elif ports == (server_port, client_port):
-            server_rx = rx
-    return None if client_tx is None or server_rx is None else (client_tx, server_rx)
 
 
 def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
@@ -87,7 +70,7 @@ def test_router_view_leaves_out_processes_and_long_polls_like_the_full_one(
             poll.connect()
             client_port = poll.sock.getsockname()[1]
             poll.request("GET", f"/status?view=router&wait={POLL_S}&since={since}")
-            wait_for(lambda: _tcp_queues(port, client_port) == (0, 0),
+            wait_for(lambda: tcp_queues(port, client_port) == (0, 0),
                      what="the coordinator to read the long-poll")
             assert client.post("/drain", json={"wait": False}).status_code == 202
             response = poll.getresponse()
