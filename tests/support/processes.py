@@ -23,8 +23,10 @@ Services are the exception the test declares: ``spawn(..., service=True)`` (or
 leaves running for the janitor to stop, such as a coordinator, a router or a simulated engine
 that is only scenery. At the end each live service gets SIGTERM and must exit on its own
 within ``stop_within_s`` (``SERVICE_STOP_S``) with its declared exit code (0 unless told),
-leaving nothing of its tree behind; needing SIGKILL, or another code, fails the test. A
-service that already ended before that is the test's business.
+leaving nothing of its tree behind; needing SIGKILL, or another code, fails the test. They
+are stopped one at a time, the last started first, as an exit stack unwinds: an engine stops
+while the coordinator it reports to still answers. A service that already ended before that
+is the test's business.
 
 Runtime files: each janitor gives the processes it starts a runtime directory of their own
 (``XDG_RUNTIME_DIR``, unless the test sets one), so whatever is left in it at the end was
@@ -424,25 +426,21 @@ class ProcessJanitor:
             self.problems.append(f"{what}{by}: {handle.found.describe()}: {fate}")
 
     def _stop_services(self, services: list[_Started]) -> None:
-        """SIGTERM every service at once; each must exit with its code within its bound."""
-        handles: dict[int, _Handle] = {}
-        for started in services:
+        """Stop the services one at a time, the last started first (what started later may
+        talk to what started before it, as an engine to its coordinator): SIGTERM, then each
+        must exit with its code within its bound."""
+        for started in reversed(services):
             started.judged = True
-            if started.ticks is None:
-                continue
+            if started.ticks is None or started.proc.poll() is not None:
+                continue  # ended on its own meanwhile: nothing to stop
             found = Found(started.pid, started.ticks, "", _cmdline(started.pid),
                           "started by the test as a service", started)
             handle = _hold(found)
-            if handle is not None:
-                handles[started.pid] = handle
-                _signal(handle, signal.SIGTERM)
-        start = time.monotonic()
-        for started in sorted(services, key=lambda s: s.stop_within_s):
-            handle = handles.get(started.pid)
             if handle is None:
                 continue
             name = f"service pid {started.pid} `{_args(started)}`"
-            _wait([handle], start + started.stop_within_s - time.monotonic())
+            _signal(handle, signal.SIGTERM)
+            _wait([handle], started.stop_within_s)
             os.close(handle.fd)
             if not handle.ended:
                 self.problems.append(
