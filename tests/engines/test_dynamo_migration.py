@@ -136,7 +136,8 @@ def test_draining_a_dynamo_worker_mid_stream_migrates_the_request_to_another_wor
        gracefully (exit 0, nothing SIGKILLed);
     5. the other worker continues the request;
     6. the client's one stream completes: [DONE], finish_reason "length", and exactly the
-       200 expected tokens in order — nothing lost, nothing repeated."""
+       200 expected tokens in order — nothing lost, nothing repeated;
+    7. draining the other worker's pod ends it gracefully too (exit 0, nothing left)."""
     env = {**LOOPBACK_ENV, "DYN_FILE_KV": str(tmp_path / "discovery"),
            "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS": "0", "PYTHONPATH": str(ROOT),
            "DYN_LOG": "info"}
@@ -149,6 +150,7 @@ def test_draining_a_dynamo_worker_mid_stream_migrates_the_request_to_another_wor
          "--router-mode", "round-robin"],
         frontend_log, env=env,
     )
+    janitor.service(frontend)  # scenery: it must still stop cleanly on SIGTERM
     url = f"http://127.0.0.1:{port}"
     workers = [start_worker(janitor, tmp_path, name, tiny_model, env) for name in ("a", "b")]
 
@@ -195,3 +197,10 @@ def test_draining_a_dynamo_worker_mid_stream_migrates_the_request_to_another_wor
     assert stream.done, stream.finish
     assert stream.finish == ["length"]
     assert words == expected_words(), "\n".join(words)
+
+    # 7. the other pod is deleted too: its drain ends its worker gracefully as well.
+    other_tree = list(tree(other.proc.pid))
+    with other.coordinator.client(timeout=120) as client:
+        assert client.get("/drain").json()["outcome"] == "graceful"
+    assert other.proc.wait(timeout=60) == 0
+    assert alive(other_tree) == []
