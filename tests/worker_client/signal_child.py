@@ -126,6 +126,11 @@ def sync_engine(coordinator: str | None) -> None:
 
 
 def main() -> int:
+    # Python leaves SIGINT ignored when it started ignored (a job a non-interactive shell put
+    # in the background inherits SIG_IGN): an engine started from a terminal, as these tests
+    # mean, has Python's own KeyboardInterrupt handler, whatever launched the test run.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     mode = sys.argv[1]
     coordinator = sys.argv[2] if len(sys.argv) > 2 else None
     if mode in ("asyncio", "asyncio-held"):
