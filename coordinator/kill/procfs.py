@@ -10,6 +10,7 @@ between tiers while hundreds of processes are shutting down.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -50,8 +51,10 @@ class ProcStat:
         return self.start_ticks / CLOCK_TICKS + boot
 
 
+@functools.cache
 def boot_time() -> float:
-    """System boot time (epoch seconds), as psutil reads it."""
+    """System boot time (epoch seconds), as psutil reads it; read once (a failed read is
+    not remembered), so a kill that has run out of file descriptors still has it."""
     with open(f"{PROC}/stat", "rb") as f:
         for line in f:
             if line.startswith(b"btime"):
@@ -186,14 +189,33 @@ def chain(pid: int, parent: Mapping[int, int]) -> list[int]:
     return out
 
 
+_last_own_chain: list[int] = []
+
+
 def ancestors(pid: int | None = None) -> list[int]:
-    """The parent chain of ``pid`` (default: the calling process), nearest first, up to PID 1."""
+    """The parent chain of ``pid`` (default: the calling process), nearest first, up to PID 1.
+
+    The calling process's own chain never comes back short for want of a file descriptor:
+    when ``/proc`` cannot be opened (the fd limit is reached), the walk falls back on the
+    parent the kernel reports without a file (``getppid``) and the last chain read whole, so
+    the kill engine's refusal of its own ancestors holds exactly when fds run out. For any
+    other PID the error is raised.
+    """
+    own = pid is None
     current = os.getpid() if pid is None else pid
     out: list[int] = []
     seen = {current}
     while True:
-        stat = read_stat(current)
+        try:
+            stat = read_stat(current)
+        except OSError:
+            if not own:
+                raise
+            known = [os.getppid(), *_last_own_chain]
+            return out + [p for p in dict.fromkeys(known) if p not in seen and p > 0]
         if stat is None or stat.ppid <= 0 or stat.ppid in seen:
+            if own:
+                _last_own_chain[:] = out
             return out
         out.append(stat.ppid)
         seen.add(stat.ppid)

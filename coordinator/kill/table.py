@@ -100,7 +100,16 @@ class ProcessTable(TreeDiscovery):
 
     def add_roots(self) -> None:
         """Step 2a: open and verify each target's root process."""
-        boot = procfs.boot_time()
+        try:
+            boot = procfs.boot_time()
+        except OSError as exc:
+            # Without the boot time no start time can be checked, so no PID can be trusted
+            # to be the target's: none is signalled, and each says why.
+            for target in self.targets.values():
+                member = Member(target.pid, None, 0, "", "", target.role, target.pid)
+                self._unreachable(target.pid, member, "could not verify its identity (no "
+                                  f"boot time: {exc}): not signalled")
+            return
         for target in self.targets.values():
             member = Member(target.pid, None, 0, "", "", target.role, target.pid)
             self._admit(target.pid, member, expected_start=target.start_time, boot=boot)

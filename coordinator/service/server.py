@@ -27,6 +27,7 @@ from types import FrameType
 import uvicorn
 
 from coordinator.drain.controller import KillFn
+from coordinator.kill import procfs, safety
 from coordinator.service.app import create_app
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
@@ -147,6 +148,10 @@ def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limit = raise_fd_limit()
     log.debug("file descriptor limit: %d", limit)
+    # Read the coordinator's own ancestry and the boot time while fds are plenty: a kill
+    # that runs out of descriptors falls back on these readings.
+    safety.protected_pids()
+    procfs.boot_time()
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     server = build_server(settings, kill=kill)

@@ -982,6 +982,7 @@ def test_proc_files_that_are_missing_odd_or_unreadable(
         "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid"
         "  timeout inode\n")
     monkeypatch.setattr(procfs, "PROC", str(tmp_path))
+    procfs.boot_time.cache_clear()  # read once per process: forget the real one
     with pytest.raises(RuntimeError, match="no btime line"):
         procfs.boot_time()
     assert procfs.read_stat(7) is None

@@ -14,9 +14,11 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
-from coordinator.kill import Fate, KillPolicy, Target, terminate
+from coordinator.errors import RefusedTarget
+from coordinator.kill import Fate, KillPolicy, Target, procfs, safety, terminate
 from tests.kill.helpers import alive, start_time, start_tree
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -101,18 +103,26 @@ async def test_a_thread_id_target_is_reported_and_the_other_trees_still_end(
     assert not report.graceful
 
 
+@pytest.mark.parametrize("boot_time_read", [True, False], ids=["boot-time-read", "no-boot-time"])
 async def test_running_out_of_file_descriptors_is_reported_not_called_gone(
-    janitor: ProcessJanitor, tmp_path: Path
+    janitor: ProcessJanitor, tmp_path: Path, boot_time_read: bool
 ) -> None:
-    """1. start a tree; 2. cap the soft file descriptor limit at what is open now, so the
-    kill can open nothing (no pidfd, not even ``/proc/<pid>/stat``); 3. terminate;
+    """1. start a tree; read the boot time beforehand (as ``serve`` does) or not; 2. cap the
+    soft file descriptor limit at what is open now, so the kill can open nothing (no pidfd,
+    not even ``/proc/<pid>/stat``, nor the ancestry it refuses to signal); 3. terminate;
     4. nothing is reported ``gone`` or ``exited``: every process is ``survived`` with the
     reason, and the report is not graceful; 5. the processes are indeed still running."""
     tree = start_tree(janitor, TREE, tmp_path)
+    procfs.boot_time.cache_clear()
+    if boot_time_read:
+        procfs.boot_time()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    open_now = len(os.listdir("/proc/self/fd"))
-    # The kill's own asyncio machinery must still work: it opens no new fd for timers.
-    resource.setrlimit(resource.RLIMIT_NOFILE, (open_now - 1, hard))
+    # The limit caps fd numbers, not their count: at the lowest free number nothing below it
+    # is free, so no open() can succeed, whatever holes the test run left above it. The
+    # kill's own asyncio machinery must still work: it opens no new fd for timers.
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
     try:
         report = await terminate([Target(tree.pid)], KillPolicy(tier_timeout_s=1,
                                                                 deadline_s=3))
@@ -126,3 +136,24 @@ async def test_running_out_of_file_descriptors_is_reported_not_called_gone(
     assert all(alive(p) for p in tree.pids())
     assert tree.markers() == {}
     tree.end()
+
+
+def test_ancestors_stay_refused_when_no_file_descriptor_is_left() -> None:
+    """1. read the ancestry once; 2. cap the fd limit so ``/proc`` cannot be opened;
+    3. the parent and every ancestor read before are still refused as targets."""
+    chain = [p.pid for p in psutil.Process().parents()]
+    safety.protected_pids()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    lowest_free = os.dup(0)
+    os.close(lowest_free)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+    try:
+        refused = []
+        for pid in chain:
+            try:
+                safety.check_targets([pid])
+            except RefusedTarget:
+                refused.append(pid)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert refused == chain
