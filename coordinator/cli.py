@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, metavar="NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]",
                        help="kill tier for adopted trees, in order (repeatable); 'root' lets "
                        f"it hold the adopted root itself [env {_env_name('adopt_tiers')}]")
+    serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
+                       action="store_const", const=True, default=None,
+                       help="serve a non-loopback --host without a token (refused otherwise: "
+                       "anyone reaching the port could drain the pod) "
+                       f"[env {_env_name('allow_unauthenticated_network')}]")
     serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
                        const=False, default=None, help=argparse.SUPPRESS)
 
@@ -146,15 +151,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from pydantic import ValidationError
 
+    from coordinator.service import posture
     from coordinator.service.server import serve
     from coordinator.settings import Settings
 
     given = {field: getattr(args, field) for _, field, _, _ in _SERVE_FLAGS}
     given.update(adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
-                 adopt_tiers=args.adopt_tiers, status_cache=args.status_cache)
+                 adopt_tiers=args.adopt_tiers, status_cache=args.status_cache,
+                 allow_unauthenticated_network=args.allow_unauthenticated_network)
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
-        settings.resolved_token()
+        posture.check(settings)
     except (ValidationError, OSError, ValueError) as exc:
         print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
         return exit_codes.USAGE

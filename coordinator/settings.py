@@ -77,7 +77,12 @@ class Settings(BaseSettings):
     """Bearer token every call but ``/healthz``, ``/readyz`` and ``/metrics`` must carry.
     Prefer ``token_file`` (environment variables show up in ``/proc/<pid>/environ``)."""
     token_file: Path | None = None
-    """File holding the bearer token (surrounding whitespace ignored); wins over ``token``."""
+    """File holding the bearer token (surrounding whitespace ignored); wins over ``token``.
+    An empty or unreadable file refuses the start (see ``coordinator.service.posture``)."""
+    allow_unauthenticated_network: bool = False
+    """Serve a non-loopback ``host`` without a token. Off by default: such a start is refused,
+    because anyone who can reach the port could drain and kill the pod. Turn it on only on
+    a network nobody else reaches."""
 
     adopt_pids: Annotated[list[int], NoDecode] = Field(default_factory=list)
     """PIDs of process trees to drain although they never register (unmodified engines)."""
@@ -139,12 +144,3 @@ class Settings(BaseSettings):
         if level not in {"critical", "error", "warning", "info", "debug", "trace"}:
             raise ValueError(f"unknown log level {value!r}")
         return level
-
-    def resolved_token(self) -> str | None:
-        """The configured token, from the file first, then the environment."""
-        if self.token_file is not None:
-            text = self.token_file.read_text(encoding="utf-8").strip()
-            return text or None
-        if self.token is not None:
-            return self.token.get_secret_value().strip() or None
-        return None

@@ -63,9 +63,12 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
         finally:
             await coordinator.stop()
 
-    app = FastAPI(title="shutdown-coordinator", version=__version__, lifespan=lifespan)
+    # No /docs or /redoc (they load their scripts from a CDN a pod does not reach), and the
+    # schema is served behind the token like everything that is not a probe.
+    app = FastAPI(title="shutdown-coordinator", version=__version__, lifespan=lifespan,
+                  openapi_url=None, docs_url=None, redoc_url=None)
     app.state.coordinator = coordinator
-    check = TokenCheck(settings.resolved_token())
+    check = TokenCheck(coordinator.posture.token)
     public = APIRouter()
     api = APIRouter(dependencies=[Depends(check)])
 
@@ -217,6 +220,11 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
         were not reported yet (applied when they are), ``unknown`` were settled already."""
         result = coordinator.ack(body.request_ids)
         return {"acked": result.acked, "early": result.early, "unknown": result.unknown}
+
+    @api.get("/openapi.json", include_in_schema=False)
+    async def openapi_schema() -> JSONResponse:
+        """This API's OpenAPI document."""
+        return JSONResponse(app.openapi())
 
     app.include_router(public)
     app.include_router(api)

@@ -33,7 +33,7 @@ from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.errors import DrainConflict
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.service import adoption, identity
+from coordinator.service import adoption, identity, posture
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
@@ -58,6 +58,8 @@ class Coordinator:
 
     def __init__(self, settings: Settings, kill: KillFn) -> None:
         self.settings = settings
+        # Raises InsecureSettings before anything is built: nothing serves on such settings.
+        self.posture = posture.check(settings)
         self.instance = uuid.uuid4().hex[:8]
         self.started_at = time.time()
         self.changes = ChangeSignal()
@@ -295,6 +297,7 @@ class Coordinator:
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": self.started_at},
             "state_file": self.state.status(),
+            "security": self.posture.to_status(),
         }
         if processes:
             entries = self.process_list()

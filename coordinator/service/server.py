@@ -155,6 +155,9 @@ def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     server = build_server(settings, kill=kill)
+    posture = server.coordinator.posture
+    log.log(logging.WARNING if posture.unauthenticated_network else logging.INFO,
+            "%s", posture.summary())
     if settings.port_file is not None:
         write_port_file(settings.port_file, settings.host, port)
     print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)

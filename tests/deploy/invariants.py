@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import re
 import shlex
+import tempfile
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from coordinator.service import posture
+from coordinator.settings import ENV_PREFIX, Settings
 from tests.deploy.rendering import COORDINATOR, DRAIN_HOOK, Rendered
 
 HOOK_SCRIPT = DRAIN_HOOK.name
@@ -259,6 +263,21 @@ def check_adoption(r: Rendered) -> None:
             assert not any(p.search(line) for p in patterns), f"{raw!r} matches {line!r}"
 
 
+def check_secure_start(r: Rendered) -> None:
+    """The sidecar's settings pass ``serve``'s secure-defaults check once the Secret's token
+    file is in place: it listens beyond loopback, so it must have a token."""
+    fields = {name[len(ENV_PREFIX):].lower(): value for name, value in r.settings.items()}
+    with tempfile.TemporaryDirectory() as scratch:
+        if "token_file" in fields:
+            token = Path(scratch, "token")
+            token.write_text("a-token\n")
+            fields["token_file"] = str(token)
+        try:
+            posture.check(Settings(**fields))  # type: ignore[arg-type]
+        except posture.InsecureSettings as exc:
+            raise AssertionError(f"serve would refuse these settings: {exc}") from exc
+
+
 CHECKS: dict[str, Callable[[Rendered], None]] = {
     "budget": check_budget,
     "port": check_port,
@@ -272,4 +291,5 @@ CHECKS: dict[str, Callable[[Rendered], None]] = {
     "metrics": check_metrics,
     "coordinator-service": check_coordinator_service,
     "adoption": check_adoption,
+    "secure-start": check_secure_start,
 }

@@ -31,8 +31,8 @@ def test_no_input_makes_it_answer_5xx(janitor: ProcessJanitor, tmp_path: Path) -
         janitor, tmp_path, "--grace-period", "3", "--safety-margin", "1", "--tier-timeout",
         "0.5", "--confirm-timeout", "0.5", "--prekill-timeout", "0.2", "--long-poll-cap",
         "0.2", "--confine-to-pid", str(sleeper.pid), token=TOKEN)
-    schema = schemathesis.openapi.from_url(running.url + "/openapi.json")
     headers = {"Authorization": f"Bearer {TOKEN}"}
+    schema = schemathesis.openapi.from_url(running.url + "/openapi.json", headers=headers)
     failures: list[str] = []
     operations = [result.ok() for result in schema.get_all_operations()]  # type: ignore[union-attr]
     assert len(operations) >= 10
