@@ -17,6 +17,13 @@ DEFAULT_WINDOW_S = 0.005
 """Coalescing window (s): long enough to gather one drain's burst of handoffs (they all end
 within one or two loop iterations), short against the 50 ms handoff-visibility goal."""
 
+MAX_HANDOFFS_PER_REPORT = 1_000
+"""Handoffs in one report at most; more go out in the reports right after it."""
+MAX_REPORT_CHARS = 256_000
+"""Characters of request ids and details in one report at most (the first handoff always
+fits): even if every one were escaped in the JSON (6 bytes each), the body stays under the
+smallest limit a coordinator may be given (2 MiB)."""
+
 RETRY_DELAY_S = 0.05
 """First pause after a failed report; doubles up to MAX_RETRY_DELAY_S."""
 MAX_RETRY_DELAY_S = 1.0
@@ -115,17 +122,20 @@ class Reporter:
                     self._cond.wait(left)
                 # 2. Take the batch.
                 report: Report = {}
-                if self._handoffs:
-                    report["handoffs"] = self._handoffs
+                taken = batch_size(self._handoffs)
+                if taken:
+                    report["handoffs"] = self._handoffs[:taken]
                 if self._inflight is not None:
                     report["inflight"] = self._inflight
                 if self._prekill_done:
                     report["prekill_done"] = True
                 if self._notified_at is not None:
                     report["notified_at"] = self._notified_at
-                self._handoffs, self._inflight, self._prekill_done = [], None, False
-                self._notified_at = None
-                self._first_pending_at = None
+                self._handoffs = self._handoffs[taken:]
+                self._inflight, self._prekill_done, self._notified_at = None, False, None
+                # What did not fit goes out next, without another window.
+                self._first_pending_at = (time.monotonic() - self._window_s
+                                          if self._handoffs else None)
             # 3. Send it; on failure put it back (newer inflight counts win) and back off.
             try:
                 self._post(report)
@@ -141,3 +151,13 @@ class Reporter:
                     self._first_pending_at = time.monotonic()
                     self._cond.wait(delay)
                 delay = min(delay * 2, MAX_RETRY_DELAY_S)
+
+
+def batch_size(handoffs: list[dict[str, Any]]) -> int:
+    """How many of ``handoffs`` (from the first) the next report takes."""
+    chars = 0
+    for count, item in enumerate(handoffs[:MAX_HANDOFFS_PER_REPORT]):
+        chars += len(item["request_id"]) + len(item.get("detail", ""))
+        if chars > MAX_REPORT_CHARS and count > 0:
+            return count
+    return min(len(handoffs), MAX_HANDOFFS_PER_REPORT)
