@@ -108,6 +108,17 @@ class Settings(BaseSettings):
     ``emptyDir`` mounted in the engine containers too; workers that cannot open it, or find
     another file there, learn of the drain from their event stream alone."""
 
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=2 * 1024 * 1024, le=1024**3)
+    """Largest request body accepted (413 above it, judged on ``Content-Length`` before a byte
+    of the body is read). 8 MiB holds a report of 10,000 handoffs with short details. At
+    least 2 MiB: ``worker_client`` splits its reports below that."""
+    read_timeout_s: float = Field(10.0, gt=0, le=3_600)
+    """Seconds a request's head (from the connection opening or the previous response) and,
+    separately, its body may take to arrive; a slower one is closed (408 for a body)."""
+    max_connections: int = Field(8192, ge=16, le=1_000_000)
+    """Open connections at most; one more is answered 503 and closed. Each registered engine
+    process holds one (its event stream), each waiting ``/status`` or ``/drain`` caller one."""
+
     long_poll_cap_s: float = Field(30.0, gt=0, le=3_600)
     """Upper bound on ``GET /status?wait=S``; longer waits are cut to it."""
     ping_interval_s: float = Field(15.0, gt=0, le=3_600)

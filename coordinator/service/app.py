@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Body, Depends, FastAPI, HTTPException, Path, Query, Request
+from fastapi import APIRouter, Body, FastAPI, HTTPException, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
@@ -29,6 +29,7 @@ from coordinator.service.fast_status import StatusFastPath, long_poll
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
 from coordinator.service.registry import Worker
+from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
 
@@ -68,9 +69,10 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     app = FastAPI(title="shutdown-coordinator", version=__version__, lifespan=lifespan,
                   openapi_url=None, docs_url=None, redoc_url=None)
     app.state.coordinator = coordinator
+    # The token is checked once, by the request guard, before any body is read.
     check = TokenCheck(coordinator.posture.token)
     public = APIRouter()
-    api = APIRouter(dependencies=[Depends(check)])
+    api = APIRouter()
 
     def problem(status: int, detail: str) -> JSONResponse:
         return JSONResponse({"detail": detail}, status_code=status)
@@ -228,8 +230,10 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     app.include_router(public)
     app.include_router(api)
-    app.add_middleware(StatusFastPath, coordinator=coordinator, check=check,
-                       cap_s=settings.long_poll_cap_s)
+    app.add_middleware(StatusFastPath, coordinator=coordinator, cap_s=settings.long_poll_cap_s)
+    # Added last, so it is the outermost: it sees every request first.
+    app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,
+                       read_timeout_s=settings.read_timeout_s)
     return app
 
 

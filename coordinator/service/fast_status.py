@@ -1,10 +1,10 @@
 """``GET /status`` without the framework: the hot path many routers poll.
 
-A pure ASGI middleware answers well-formed ``GET /status`` requests itself — token check,
-``?wait=S&since=G`` long-poll, ``view=router``, ETag/304, the per-generation cached body —
-and hands everything else (including any malformed query, so the framework's validation
-answers it with a 422) to the FastAPI app, whose ``/status`` route documents and backs the
-same behaviour.
+A pure ASGI middleware (behind the request guard, which has checked the token) answers
+well-formed ``GET /status`` requests itself — ``?wait=S&since=G`` long-poll, ``view=router``,
+ETag/304, the per-generation cached body — and hands everything else (including any
+malformed query, so the framework's validation answers it with a 422) to the FastAPI app,
+whose ``/status`` route documents and backs the same behaviour.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from coordinator.service.auth import TokenCheck
 from coordinator.service.runtime import FULL_VIEW, VIEWS, Coordinator
 
 MAX_WAIT_S = 86_400.0
@@ -62,26 +61,21 @@ async def long_poll(coordinator: Coordinator, wait: float, since: int | None,
 class StatusFastPath:
     """Serves ``GET /status`` directly; passes every other request to ``app``."""
 
-    def __init__(self, app: ASGIApp, coordinator: Coordinator, check: TokenCheck,
-                 cap_s: float) -> None:
+    def __init__(self, app: ASGIApp, coordinator: Coordinator, cap_s: float) -> None:
         self.app = app
         self.coordinator = coordinator
-        self.check = check
         self.cap_s = cap_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] != "/status" or scope["method"] != "GET":
             await self.app(scope, receive, send)
             return
-        authorization: str | None = None
         if_none_match: bytes | None = None
         for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-            elif name == b"if-none-match":
+            if name == b"if-none-match":
                 if_none_match = value
         poll = parse_poll(scope["query_string"])
-        if poll is None or not self.check.accepts(authorization):
+        if poll is None:
             await self.app(scope, receive, send)
             return
         await long_poll(self.coordinator, poll[0], poll[1], self.cap_s)

@@ -29,6 +29,7 @@ import uvicorn
 from coordinator.drain.controller import KillFn
 from coordinator.kill import procfs, safety
 from coordinator.service.app import create_app
+from coordinator.service.connections import guarded_protocol
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
 
@@ -132,7 +133,7 @@ def build_server(settings: Settings, *, kill: KillFn | None = None) -> Coordinat
     config = uvicorn.Config(
         app,
         loop=_pick("uvloop", "asyncio", "uvloop"),
-        http=_pick("httptools", "h11", "httptools"),
+        http=guarded_protocol(settings.max_connections, settings.read_timeout_s),
         log_level=settings.log_level,
         access_log=settings.log_level in ("debug", "trace"),
         timeout_graceful_shutdown=SHUTDOWN_BOUND_S,
