@@ -165,6 +165,14 @@ class ProcessScan:
                 dict(self._facts))
             changed = ({f.pid for f in adopted} != {f.pid for f in self.adopted}
                        or listing.processes.keys() != self.scanned.keys())
+            # A root whose worker has not been seen to exit yet may be dead already (its
+            # exit is noticed on the loop, this scan ran in a thread): what was listed under
+            # it is remembered as root_exited would, or it would be listed nowhere.
+            dead = {pid for pid in registered
+                    if pid not in listing.snap or listing.snap[pid].zombie}
+            self.left_behind.update((o.pid, o) for o in self.scanned.values()
+                                    if o.root_pid in dead and o.depth > 0
+                                    and o.pid not in self.left_behind)
             self.adopted = adopted
             self.scanned = listing.processes
             self._facts = listing.facts
