@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from typing import TYPE_CHECKING
 
@@ -44,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     from coordinator.errors import RefusedTarget
     from coordinator.kill import KillPolicy, Target, terminate
+    from coordinator.kill.patterns import PatternError, compile_pattern
     from coordinator.service.adoption import AdoptionRules, discover
 
     if not args.pids and not args.pattern:
@@ -53,10 +53,12 @@ def run(args: argparse.Namespace) -> int:
         print("kill: --tier-timeout and --deadline must be positive", file=sys.stderr)
         return exit_codes.USAGE
     try:
-        patterns = tuple(re.compile(p).pattern for p in args.pattern)
-    except re.error as exc:
+        for pattern in args.pattern:
+            compile_pattern(pattern)
+    except PatternError as exc:
         print(f"kill: bad --pattern: {exc}", file=sys.stderr)
         return exit_codes.USAGE
+    patterns = tuple(args.pattern)
     targets = [Target(pid=pid, role="root") for pid in args.pids]
     known = set(args.pids)
     for root in discover(AdoptionRules(patterns=patterns), exclude=known):

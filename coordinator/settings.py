@@ -9,13 +9,13 @@ expressions may hold commas).
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
 from coordinator.kill.tier_text import parse_tiers
 
@@ -145,7 +145,7 @@ class Settings(BaseSettings):
     @classmethod
     def _patterns_compile(cls, value: list[str]) -> list[str]:
         for pattern in value:
-            re.compile(pattern)
+            patterns.compile_pattern(pattern)
         return value
 
     @field_validator("log_level")

@@ -20,6 +20,7 @@ import signal
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from coordinator.kill import patterns
 from coordinator.kill.policy import DEFAULT_TIER_TIMEOUT_S, TierSpec
 
 ROOT_MARKER = "root"
@@ -73,10 +74,9 @@ def _checked(name: str, pattern: str, timeout_s: float, sig: int, include_root: 
     if not pattern:
         raise TierSyntaxError(f"{source}: the pattern is empty")
     try:
-        re.compile(pattern)
-    except re.error as exc:
-        raise TierSyntaxError(f"{source}: {pattern!r} is not a regular expression: {exc}") \
-            from exc
+        patterns.compile_pattern(pattern)
+    except patterns.PatternError as exc:
+        raise TierSyntaxError(f"{source}: {exc}") from exc
     return TierSpec(name=name, pattern=pattern, signal=sig,
                     timeout_s=_checked_timeout(timeout_s, source), include_root=include_root)
 

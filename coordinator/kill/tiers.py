@@ -18,10 +18,10 @@ and it still ends last.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
 
 ROOTS_TIER = "roots"
@@ -68,7 +68,7 @@ def matches(spec: TierSpec, member: Member) -> bool:
     if member.role is not None and member.role in spec.roles:
         return True
     if spec.pattern is not None:
-        return re.search(spec.pattern, f"{member.name} {member.cmdline}") is not None
+        return patterns.search(spec.pattern, f"{member.name} {member.cmdline}")
     return False
 
 

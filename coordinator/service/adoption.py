@@ -8,13 +8,14 @@ a root: its matching descendants belong to its tree anyway.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 
 from coordinator.errors import RefusedTarget, TargetNotFound
+from coordinator.kill import patterns
 from coordinator.service.identity import ProcessFacts, facts, protected_pids, vet
 
 log = logging.getLogger(__name__)
@@ -33,14 +34,14 @@ class AdoptionRules:
         return not self.pids and not self.patterns
 
 
-def _pattern_matches(patterns: list[re.Pattern[str]]) -> list[int]:
+def _pattern_matches(compiled: list[Any]) -> list[int]:
     protected = protected_pids()
     found: list[int] = []
     for proc in psutil.process_iter(["cmdline"]):
         if proc.pid in protected:
             continue
         cmdline = " ".join(proc.info.get("cmdline") or ())
-        if cmdline and any(p.search(cmdline) for p in patterns):
+        if cmdline and any(p.search(cmdline) for p in compiled):
             found.append(proc.pid)
     return found
 
@@ -62,7 +63,7 @@ def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[Proce
     """The roots of the trees ``rules`` adopt right now (refused processes are skipped)."""
     if rules.empty:
         return []
-    compiled = [re.compile(p) for p in rules.patterns]
+    compiled = [patterns.compile_pattern(p) for p in rules.patterns]
     wanted = list(rules.pids)
     if compiled:
         wanted.extend(_pattern_matches(compiled))

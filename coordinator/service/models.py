@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import signal
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from coordinator.kill import patterns
 
 MAX_PID = 4_194_304
 """Linux's largest possible ``pid_max``."""
@@ -138,10 +139,7 @@ class TierRequest(RequestBody):
     @classmethod
     def _compiles(cls, value: str | None) -> str | None:
         if value is not None:
-            try:
-                re.compile(value)
-            except re.error as exc:
-                raise ValueError(f"not a regular expression: {exc}") from exc
+            patterns.compile_pattern(value)  # PatternError is a ValueError: a 422
         return value
 
     @field_validator("signal")

@@ -33,7 +33,7 @@ def test_flag_form(text: str, expected: TierSpec) -> None:
     ("bad name=x", "tier name"),
     ("x=", "pattern is empty"),
     ("x=:5", "pattern is empty"),
-    ("x=(:5", "not a regular expression"),
+    ("x=(:5", "is not a pattern RE2 accepts"),
     ("x=a:0", "timeout"),
     ("x=a:-1", "timeout"),
     ("x=a:nan", "timeout"),
