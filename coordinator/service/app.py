@@ -28,6 +28,7 @@ from coordinator.service.events import EventStream
 from coordinator.service.fast_status import StatusFastPath, long_poll
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
+from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
@@ -71,8 +72,8 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     app.state.coordinator = coordinator
     # The token is checked once, by the request guard, before any body is read.
     check = TokenCheck(coordinator.posture.token)
-    public = APIRouter()
-    api = APIRouter()
+    public = APIRouter(responses=AT_THE_DOOR)
+    api = APIRouter(responses=GUARDED)
 
     def problem(status: int, detail: str) -> JSONResponse:
         return JSONResponse({"detail": detail}, status_code=status)
@@ -226,7 +227,7 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     @api.get("/openapi.json", include_in_schema=False)
     async def openapi_schema() -> JSONResponse:
         """This API's OpenAPI document."""
-        return JSONResponse(app.openapi())
+        return JSONResponse(document(app))
 
     app.include_router(public)
     app.include_router(api)
