@@ -33,6 +33,8 @@ class Socket:
     remote: Endpoint
     state: int
     inode: int
+    uid: int = -1
+    """The socket's owner (the effective UID of the process that made it)."""
 
 
 def parse_endpoint(text: str) -> Endpoint:
@@ -59,7 +61,7 @@ def parse_net_tcp(text: str) -> list[Socket]:
         if len(fields) < 10:
             continue
         out.append(Socket(parse_endpoint(fields[1]), parse_endpoint(fields[2]),
-                          int(fields[3], 16), int(fields[9])))
+                          int(fields[3], 16), int(fields[9]), int(fields[7])))
     return out
 
 

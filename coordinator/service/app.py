@@ -8,6 +8,7 @@ phase → 409.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 from collections.abc import AsyncIterator, Sequence
@@ -23,6 +24,7 @@ from coordinator.drain.budget import remaining
 from coordinator.drain.controller import KillFn
 from coordinator.drain.phases import Phase
 from coordinator.errors import DrainConflict, RefusedTarget, TargetNotFound
+from coordinator.service import peers
 from coordinator.service.auth import TokenCheck
 from coordinator.service.events import EventStream
 from coordinator.service.fast_status import StatusFastPath, long_poll
@@ -188,8 +190,13 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     @api.post("/workers", status_code=201, responses={
         200: {"description": "already registered"}, 403: {"description": "refused pid"},
         409: {"description": "the drain is terminating"}, 422: {"description": "bad input"}})
-    async def register(body: RegisterRequest) -> JSONResponse:
-        """Register a worker process (identity checked); same process again → same id."""
+    async def register(body: RegisterRequest, request: Request) -> JSONResponse:
+        """Register a worker process (identity checked); same process again → same id.
+        Without a token, only a caller that could signal the process itself may."""
+        if not coordinator.posture.auth:
+            caller = await asyncio.to_thread(peers.peer_uid, request.client,
+                                             request.scope.get("server"))
+            peers.check_may_register(caller, body.pid)
         worker, created = coordinator.register(body)
         return JSONResponse(
             {"id": worker.id, "pid": worker.pid, "start_time": worker.start_time,

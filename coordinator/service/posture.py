@@ -45,7 +45,8 @@ class Posture:
         """Who may register (or report for) a process, in words."""
         where = ("any process" if self.confine_to_pid is None
                  else f"descendants of PID {self.confine_to_pid}")
-        who = "callers with the token" if self.auth else "any caller that can connect"
+        who = ("callers with the token" if self.auth else
+               "local callers, each for processes of its own user (root: any)")
         return f"{who}; {where}; never PID 1, kernel threads, threads or the coordinator's " \
                "ancestors"
 
