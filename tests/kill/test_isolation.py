@@ -20,6 +20,7 @@ import pytest
 from coordinator.errors import RefusedTarget
 from coordinator.kill import Fate, KillPolicy, Target, procfs, safety, terminate
 from tests.kill.helpers import alive, start_time, start_tree
+from tests.support.fd_limits import no_fd_left, soft_fd_limit
 from tests.support.processes import ProcessJanitor, wait_for
 
 TREE = {"children": [{"role": "scheduler", "children": [{"role": "tp-worker"}]},
@@ -32,20 +33,19 @@ def fds_numbered_past(number: int) -> Iterator[int]:
 
     Raises the soft ``RLIMIT_NOFILE`` for the test (not for the code under test, which
     must cope with whatever the limit is)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = number + 512
     if hard != resource.RLIM_INFINITY and hard < wanted:
         pytest.skip(f"hard RLIMIT_NOFILE {hard} is below {wanted}")
-    resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
     held: list[int] = []
-    try:
-        while not held or held[-1] < number:
-            held.append(os.open("/dev/null", os.O_RDONLY))
-        yield held[-1]
-    finally:
-        for fd in held:
-            os.close(fd)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    with soft_fd_limit(wanted):
+        try:
+            while not held or held[-1] < number:
+                held.append(os.open("/dev/null", os.O_RDONLY))
+            yield held[-1]
+        finally:
+            for fd in held:
+                os.close(fd)
 
 
 async def test_pidfds_numbered_past_1024_are_watched(
@@ -116,18 +116,10 @@ async def test_running_out_of_file_descriptors_is_reported_not_called_gone(
     procfs.boot_time.cache_clear()
     if boot_time_read:
         procfs.boot_time()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    # The limit caps fd numbers, not their count: at the lowest free number nothing below it
-    # is free, so no open() can succeed, whatever holes the test run left above it. The
-    # kill's own asyncio machinery must still work: it opens no new fd for timers.
-    lowest_free = os.dup(0)
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
-    try:
+    # The kill's own asyncio machinery must still work: it opens no new fd for timers.
+    with no_fd_left():
         report = await terminate([Target(tree.pid)], KillPolicy(tier_timeout_s=1,
                                                                 deadline_s=3))
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert report.processes, report.to_dict()
     root = next(o for o in report.processes if o.pid == tree.pid)
     assert root.fate is Fate.SURVIVED, root
@@ -143,17 +135,11 @@ def test_ancestors_stay_refused_when_no_file_descriptor_is_left() -> None:
     3. the parent and every ancestor read before are still refused as targets."""
     chain = [p.pid for p in psutil.Process().parents()]
     safety.protected_pids()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    lowest_free = os.dup(0)
-    os.close(lowest_free)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
-    try:
-        refused = []
+    refused = []
+    with no_fd_left():
         for pid in chain:
             try:
                 safety.check_targets([pid])
             except RefusedTarget:
                 refused.append(pid)
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     assert refused == chain

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import resource
 import select
 import socket
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from tests.service.servers import Running, start_coordinator
+from tests.support.fd_limits import fd_room
 from tests.support.processes import ProcessJanitor, wait_for
 
 TOKEN = "limits-token"
@@ -74,19 +74,6 @@ def readable(sock: socket.socket, timeout_s: float) -> bool:
 def closed_by_server(sock: socket.socket) -> bool:
     """Whether the server has closed its end (reading gives EOF), waiting up to 60 s."""
     return readable(sock, 60) and sock.recv(65536) == b""
-
-
-@contextlib.contextmanager
-def fd_room(count: int) -> Iterator[None]:
-    """Raise this process's soft fd limit so it can hold ``count`` more sockets."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    wanted = open_fds(os.getpid()) + count + 64
-    if soft < wanted:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(wanted, hard), hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_huge_unauthenticated_body_is_refused_before_it_is_read(

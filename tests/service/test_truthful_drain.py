@@ -9,7 +9,6 @@ import resource
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from coordinator import exit_codes
 from tests.kill.helpers import alive, start_tree
 from tests.service.servers import ROOT, Running, register, start_coordinator
+from tests.support.fd_limits import soft_fd_limit
 from tests.support.processes import ProcessJanitor, wait_for
 
 SGLANG_SHAPED = {
@@ -149,17 +149,6 @@ def test_a_drain_with_nothing_to_stop_says_so(janitor: ProcessJanitor, tmp_path:
     assert "nothing" in result.stderr.lower()
     assert running.status()["outcome"] == "nothing_to_drain"
     assert "nothing_to_drain" in running.log.read_text()
-
-
-@contextlib.contextmanager
-def soft_fd_limit(limit: int) -> Iterator[None]:
-    """Processes started inside inherit this soft ``RLIMIT_NOFILE`` (systemd's default)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
 def test_a_drain_holds_with_1100_idle_clients_connected(
