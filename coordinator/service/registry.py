@@ -213,6 +213,24 @@ class WorkerRegistry:
     def alive(self) -> list[Worker]:
         return [w for w in self.workers.values() if w.alive]
 
+    def settle(self) -> None:
+        """Mark exited, now, every worker whose process has exited but whose exit the loop
+        has not delivered yet (its pidfd is readable, the callback still queued): a kill
+        planned in between would take a dead root for a live one, and miss what was listed
+        under it."""
+        for worker_id, fd in list(self._watches.items()):
+            try:
+                exited = pidfd.has_exited(fd)
+            except OSError:
+                continue  # the watch delivers it, as before
+            if exited:
+                self._on_exit(worker_id)
+        for worker_id in list(self._polls):
+            worker = self.workers.get(worker_id)
+            if worker is not None and worker.alive and not _same_process(worker):
+                self._unwatch(worker_id)
+                self._mark_exited(worker)
+
     def close(self) -> None:
         for worker_id in list(self._watches) + list(self._polls):
             self._unwatch(worker_id)

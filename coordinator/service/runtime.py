@@ -477,6 +477,7 @@ class Coordinator:
         return True
 
     def kill_targets(self) -> list[Target]:
+        self.registry.settle()  # a root that died a moment ago is an exited worker, not a target
         targets = [w.target() for w in self.registry.alive()]
         registered = {t.pid for t in targets}
         self.scan.adopted = adoption.discover(self.rules, exclude=registered)
