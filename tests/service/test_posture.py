@@ -4,14 +4,16 @@ the OpenAPI schema needs the token like every call but the probes."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from coordinator import exit_codes
+from coordinator.service import posture
+from coordinator.settings import Settings
 from tests.service.servers import ROOT, start_coordinator
 from tests.support.processes import ProcessJanitor
 
@@ -32,50 +34,66 @@ def refused_start(janitor: ProcessJanitor, tmp_path: Path, *args: str,
     return str(out)
 
 
-@pytest.mark.parametrize("content", ["", "  \n\t\n"], ids=["empty", "whitespace"])
-def test_an_empty_token_file_refuses_the_start(janitor: ProcessJanitor, tmp_path: Path,
-                                               content: str) -> None:
-    """1. a token file that is empty, or holds only whitespace; 2. ``serve --token-file`` it;
-    3. it exits 2 naming the flag and the file, and never listens."""
+def refusal(**fields: Any) -> str:
+    """The message ``posture.check`` refuses these settings with (the check ``serve`` makes
+    before it listens)."""
+    with pytest.raises(posture.InsecureSettings) as refused:
+        posture.check(Settings(**fields))
+    return str(refused.value)
+
+
+def test_an_empty_token_file_refuses_the_start(janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. an empty token file; 2. ``serve --token-file`` it; 3. it exits 2 naming the flag
+    and the file, and never listens."""
     token_file = tmp_path / "token"
-    token_file.write_text(content)
+    token_file.write_text("")
     out = refused_start(janitor, tmp_path, "--token-file", str(token_file))
     assert f"--token-file {token_file} is empty" in out
 
 
+def test_a_token_file_of_whitespace_is_refused(tmp_path: Path) -> None:
+    token_file = tmp_path / "token"
+    token_file.write_text("  \n\t\n")
+    assert f"--token-file {token_file} is empty" in refusal(token_file=token_file)
+
+
 @pytest.mark.parametrize("kind", ["missing", "directory", "not-utf8"])
-def test_a_token_file_that_cannot_be_read_refuses_the_start(
-    janitor: ProcessJanitor, tmp_path: Path, kind: str
-) -> None:
-    """1. a token file that does not exist, is a directory, or is not UTF-8; 2. ``serve``;
-    3. it exits 2 naming the flag and the file, and never listens."""
+def test_a_token_file_that_cannot_be_read_is_refused(tmp_path: Path, kind: str) -> None:
+    """A token file that does not exist, is a directory, or is not UTF-8: refused, naming
+    the flag and the file."""
     token_file = tmp_path / "token"
     if kind == "directory":
         token_file.mkdir()
     elif kind == "not-utf8":
         token_file.write_bytes(b"\xff\xfe secret")
-    out = refused_start(janitor, tmp_path, "--token-file", str(token_file))
-    assert f"--token-file {token_file}: cannot be read" in out
+    assert f"--token-file {token_file}: cannot be read" in refusal(token_file=token_file)
 
 
-def test_an_empty_token_variable_refuses_the_start(janitor: ProcessJanitor,
-                                                   tmp_path: Path) -> None:
+def test_an_empty_token_variable_is_refused() -> None:
     """``SHUTDOWN_COORDINATOR_TOKEN`` set to whitespace is refused, not read as "no auth"."""
-    env = {**_environ(), "SHUTDOWN_COORDINATOR_TOKEN": "   "}
-    out = refused_start(janitor, tmp_path, env=env)
-    assert "SHUTDOWN_COORDINATOR_TOKEN is set but empty" in out
+    assert "SHUTDOWN_COORDINATOR_TOKEN is set but empty" in refusal(token="   ")
 
 
-@pytest.mark.parametrize("host", ["0.0.0.0", "::"])
 def test_a_network_address_without_a_token_refuses_the_start(
-    janitor: ProcessJanitor, tmp_path: Path, host: str
+    janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
-    """1. ``serve --host`` a wildcard address, no token; 2. it exits 2 naming ``--host``,
+    """1. ``serve --host 0.0.0.0``, no token; 2. it exits 2 naming ``--host``,
     ``--token-file`` and the opt-out flag, and never listens."""
-    out = refused_start(janitor, tmp_path, "--host", host)
-    assert f"--host {host} is reachable from other hosts and no token is set" in out
+    out = refused_start(janitor, tmp_path, "--host", "0.0.0.0")
+    assert "--host 0.0.0.0 is reachable from other hosts and no token is set" in out
     assert "--token-file" in out
     assert "--allow-unauthenticated-network" in out
+
+
+@pytest.mark.parametrize("host", ["::", "10.0.0.7", "pod.example"])
+def test_other_non_loopback_hosts_without_a_token_are_refused(host: str) -> None:
+    assert f"--host {host} is reachable" in refusal(host=host)
+    assert posture.check(Settings(host=host, allow_unauthenticated_network=True)).auth is False
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.53", "::1", "[::1]", "localhost"])
+def test_loopback_hosts_need_no_token(host: str) -> None:
+    assert posture.check(Settings(host=host)).loopback
 
 
 def test_the_opt_out_serves_the_network_and_says_so(janitor: ProcessJanitor,
@@ -124,6 +142,3 @@ def test_the_schema_needs_the_token_and_no_cdn_pages_are_served(
         assert client.get("/docs").status_code == 404
         assert client.get("/redoc").status_code == 404
 
-
-def _environ() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith("SHUTDOWN_COORDINATOR_")}
