@@ -4,7 +4,8 @@
    gone the death signal will never come, so exit at once (as SGLang's children would die).
 2. Install the recording SIGTERM handler; ignore SIGINT (the main process decides what a
    Ctrl-C means). Write the end record (``cleanup: "not started"``).
-3. Start processes of its own (the DP controller's schedulers) and report ready.
+3. Start processes of its own (the DP controller's schedulers); with ``--daemonize`` start
+   a daemon (double fork and ``setsid``); report ready, listing them.
 4. Serve until a SIGTERM that is honoured (with ``--ignore-sigterm`` the signal is only
    noted in the record).
 5. Cleanup: record ``started``; start a helper with ``--fork-on-shutdown``; role-specific
@@ -22,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from coordinator.sim.daemonize import start_daemon
 from coordinator.sim.linux import set_parent_death_signal
 from coordinator.sim.records import RecordWriter
 from coordinator.sim.roles import EXIT_OK, EXIT_PARENT_GONE, Role, knob_matches
@@ -41,6 +43,7 @@ def child_arg_parser(role: Role) -> argparse.ArgumentParser:
     parser.add_argument("--teardown-s", type=float, default=0.0)
     parser.add_argument("--ignore-sigterm", action="append", default=[], metavar="ROLE[:RANK]")
     parser.add_argument("--fork-on-shutdown", action="append", default=[], metavar="ROLE[:RANK]")
+    parser.add_argument("--daemonize", action="append", default=[], metavar="ROLE[:RANK]")
     parser.add_argument("--child-timeout-s", type=float, default=10.0)
     return parser
 
@@ -59,6 +62,8 @@ def forwarded_args(args: argparse.Namespace) -> list[str]:
         out += ["--ignore-sigterm", spec]
     for spec in args.fork_on_shutdown:
         out += ["--fork-on-shutdown", spec]
+    for spec in args.daemonize:
+        out += ["--daemonize", spec]
     return out
 
 
@@ -67,12 +72,15 @@ class ChildProcess:
 
     role: Role = Role.SCHEDULER
     arm_pdeathsig = True
+    expects_parent = True
+    """Exit at once when the parent that started it is already gone (a daemon has none)."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.rank: int | None = args.rank
         self.ignores_sigterm = knob_matches(args.ignore_sigterm, self.role, self.rank)
         self.forks_on_shutdown = knob_matches(args.fork_on_shutdown, self.role, self.rank)
+        self.daemonizes = knob_matches(args.daemonize, self.role, self.rank)
         self.latch: SignalLatch
         self.record: RecordWriter
 
@@ -83,7 +91,7 @@ class ChildProcess:
     def main(self) -> int:
         if self.arm_pdeathsig:
             set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != self.args.parent_pid:
+        if self.expects_parent and os.getppid() != self.args.parent_pid:
             return EXIT_PARENT_GONE
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.latch = SignalLatch((signal.SIGTERM,))
@@ -93,6 +101,10 @@ class ChildProcess:
             ignores_sigterm=self.ignores_sigterm,
         )
         own = self.start_own_processes()
+        if self.daemonizes:
+            daemon = start_daemon(self.args.record_dir, timeout_s=HELPER_STARTUP_TIMEOUT_S)
+            self.record.update(daemons=[daemon["pid"]])
+            own.append(daemon)
         report_ready(self.args.ready_fd, [self.describe(), *own])
         self.serve()
         return self.clean_up()

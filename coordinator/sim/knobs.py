@@ -41,6 +41,11 @@ class EngineKnobs:
     fork_on_shutdown: tuple[str, ...] = ()
     """Processes (``ROLE`` or ``ROLE:RANK``) that start a helper process when their cleanup
     begins, and wait for it at the end of their cleanup."""
+    daemonize: tuple[str, ...] = ()
+    """Children (``ROLE`` or ``ROLE:RANK``) that start a daemon once they are up: a double
+    fork and ``setsid``, so it leaves their tree, session and process group (only a unit,
+    the engine's cgroup or mount namespace, still holds it). It writes its end record as
+    role ``daemon``, is listed in the ready file, and runs until SIGTERM."""
     watchdog: bool = True
     """The main process SIGKILLs the whole tree when a child dies (as SGLang's
     ``SubprocessWatchdog`` does), unless stood down first."""
@@ -67,7 +72,7 @@ class EngineKnobs:
         if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0:
             raise SimArgumentError("intervals and timeouts must be >= 0")
         roles = {r.value for r in Role}
-        for spec in (*self.ignore_sigterm, *self.fork_on_shutdown):
+        for spec in (*self.ignore_sigterm, *self.fork_on_shutdown, *self.daemonize):
             name, sep, rank = spec.partition(":")
             if name not in roles or (sep and not rank.isdigit()):
                 raise SimArgumentError(f"{spec!r} is not ROLE or ROLE:RANK ({sorted(roles)})")

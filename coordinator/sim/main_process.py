@@ -109,6 +109,8 @@ class EngineMain:
             common += ["--ignore-sigterm", spec]
         for spec in k.fork_on_shutdown:
             common += ["--fork-on-shutdown", spec]
+        for spec in k.daemonize:
+            common += ["--daemonize", spec]
         specs: list[ChildSpec] = []
         if k.dp > 0:
             dp_args = ["--schedulers", str(k.dp), *common]

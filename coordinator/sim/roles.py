@@ -17,6 +17,8 @@ class Role(enum.StrEnum):
     """Data-parallel controller; its schedulers are its own children."""
     HELPER = "helper"
     """A process a child starts during its shutdown (``--fork-on-shutdown``)."""
+    DAEMON = "daemon"
+    """A process a child daemonizes when it comes up (``--daemonize``): out of its tree."""
 
 
 EXIT_OK = 0
