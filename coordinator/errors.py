@@ -3,7 +3,8 @@
     CoordinatorError
     ├── RefusedTarget        a PID that must never be signalled (PID 1, ourselves, an ancestor)
     ├── TargetNotFound       the PID does not exist (or is no longer the process it was)
-    └── DrainConflict        the request does not fit the drain's current phase
+    ├── DrainConflict        the request does not fit the drain's current phase
+    └── LimitReached         a bounded collection is full (a 429 naming the setting)
 
 "Already gone" during a kill is success, never an exception.
 """
@@ -35,3 +36,12 @@ class TargetNotFound(CoordinatorError):
 
 class DrainConflict(CoordinatorError):
     """The operation is not allowed in the drain's current phase."""
+
+
+class LimitReached(CoordinatorError):
+    """A request would grow a bounded collection past its limit; nothing was changed."""
+
+    def __init__(self, limit: str, detail: str) -> None:
+        super().__init__(detail)
+        self.limit = limit
+        """The setting that bounds it (``max_handoffs``, ``max_workers`` …)."""

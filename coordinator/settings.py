@@ -119,6 +119,30 @@ class Settings(BaseSettings):
     """Open connections at most; one more is answered 503 and closed. Each registered engine
     process holds one (its event stream), each waiting ``/status`` or ``/drain`` caller one."""
 
+    max_workers: int = Field(1024, ge=1, le=100_000)
+    """Registered workers at most (exited ones count until they expire); one more
+    registration is answered 429. A pod runs a handful of engine processes, a host a few
+    dozen: 1,024 leaves room for engines that crash and restart many times within
+    ``expire_after_s``."""
+    max_streams_per_worker: int = Field(4, ge=1, le=64)
+    """Event streams one worker may hold open at once (429 past it). ``worker_client`` holds
+    one, and briefly two while it reconnects."""
+    max_handoffs: int = Field(10_000, ge=1, le=1_000_000)
+    """Handed-back requests waiting for a router's acknowledgement at most; a report that
+    would pass it is refused whole (429) and ``worker_client`` sends it again later. Far
+    above what one pod holds in flight."""
+    max_early_acks: int = Field(10_000, ge=1, le=1_000_000)
+    """Acknowledgements of handoffs not reported yet, at most (429 past it)."""
+    max_long_polls: int = Field(1024, ge=1, le=1_000_000)
+    """``GET /status?wait=S`` callers waiting at once, at most (429 past it). Routers hold one
+    each."""
+    expire_after_s: float = Field(60.0, gt=0, le=86_400)
+    """Seconds a handed-back request or an early acknowledgement waits for its counterpart,
+    and an exited worker is kept (once nothing it started still runs), while no drain runs;
+    then it expires (an expired handoff is counted ``expired``). During a drain the drain's
+    budget governs instead. 60 s: far longer than a router takes to re-issue a request, short
+    enough that nothing piles up."""
+
     long_poll_cap_s: float = Field(30.0, gt=0, le=3_600)
     """Upper bound on ``GET /status?wait=S``; longer waits are cut to it."""
     ping_interval_s: float = Field(15.0, gt=0, le=3_600)

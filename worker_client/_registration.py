@@ -99,9 +99,15 @@ class stop_when_true(stop_base):
         return self.predicate()
 
 
+RETRY_STATUSES = frozenset({408, 429})
+"""4xx answers that a later attempt can fix: the body was too slow, or a limit of the
+coordinator's was reached (it says when to retry)."""
+
+
 def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, httpx.TransportError) or (
-        isinstance(exc, httpx.HTTPStatusError) and exc.response.status_code >= 500
+        isinstance(exc, httpx.HTTPStatusError) and (
+            exc.response.status_code >= 500 or exc.response.status_code in RETRY_STATUSES)
     )
 
 
@@ -129,7 +135,7 @@ def register(
             if stop_when():
                 raise RuntimeError("worker client closed before registration")
             resp = http.post("/workers", json=registration.to_json())
-            if 400 <= resp.status_code < 500:
+            if 400 <= resp.status_code < 500 and resp.status_code not in RETRY_STATUSES:
                 raise CoordinatorRefused(resp.status_code, resp.text)
             resp.raise_for_status()
             data: dict[str, Any] = resp.json()

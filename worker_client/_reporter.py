@@ -8,10 +8,15 @@ Nothing is sent per token. ``prekill_done`` is sent at once.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from worker_client.errors import CoordinatorRefused
+
+log = logging.getLogger("worker_client")
 
 DEFAULT_WINDOW_S = 0.005
 """Coalescing window (s): long enough to gather one drain's burst of handoffs (they all end
@@ -27,6 +32,11 @@ smallest limit a coordinator may be given (2 MiB)."""
 RETRY_DELAY_S = 0.05
 """First pause after a failed report; doubles up to MAX_RETRY_DELAY_S."""
 MAX_RETRY_DELAY_S = 1.0
+
+RETRIED_REFUSALS = frozenset({404, 408, 429})
+"""Refusals a later attempt can fix: an unknown worker (the client registers again), a body
+too slow, a limit reached. Any other 4xx (an invalid report, a bad token) would be refused
+forever: such a report is dropped and logged."""
 
 Report = dict[str, Any]
 
@@ -136,21 +146,32 @@ class Reporter:
                 # What did not fit goes out next, without another window.
                 self._first_pending_at = (time.monotonic() - self._window_s
                                           if self._handoffs else None)
-            # 3. Send it; on failure put it back (newer inflight counts win) and back off.
+            # 3. Send it; on a failure a later attempt can fix, put it back and back off.
             try:
                 self._post(report)
                 delay = RETRY_DELAY_S
+            except CoordinatorRefused as exc:
+                if exc.status in RETRIED_REFUSALS:
+                    delay = self._put_back(report, delay)
+                else:
+                    log.error("%s; dropping the report (%d handoffs)", exc,
+                              len(report.get("handoffs", ())))
             except Exception:
-                with self._cond:
-                    self._handoffs[:0] = report.get("handoffs", [])
-                    if self._inflight is None and "inflight" in report:
-                        self._inflight = report["inflight"]
-                    self._prekill_done = self._prekill_done or "prekill_done" in report
-                    if self._notified_at is None:
-                        self._notified_at = report.get("notified_at")
-                    self._first_pending_at = time.monotonic()
-                    self._cond.wait(delay)
-                delay = min(delay * 2, MAX_RETRY_DELAY_S)
+                delay = self._put_back(report, delay)
+
+    def _put_back(self, report: Report, delay: float) -> float:
+        """Keep a report that failed for the next attempt (newer in-flight counts win), wait
+        ``delay``; returns the next delay."""
+        with self._cond:
+            self._handoffs[:0] = report.get("handoffs", [])
+            if self._inflight is None and "inflight" in report:
+                self._inflight = report["inflight"]
+            self._prekill_done = self._prekill_done or "prekill_done" in report
+            if self._notified_at is None:
+                self._notified_at = report.get("notified_at")
+            self._first_pending_at = time.monotonic()
+            self._cond.wait(delay)
+        return min(delay * 2, MAX_RETRY_DELAY_S)
 
 
 def batch_size(handoffs: list[dict[str, Any]]) -> int:

@@ -23,14 +23,19 @@ from coordinator import __version__
 from coordinator.drain.budget import remaining
 from coordinator.drain.controller import KillFn
 from coordinator.drain.phases import Phase
-from coordinator.errors import DrainConflict, RefusedTarget, TargetNotFound
+from coordinator.errors import DrainConflict, LimitReached, RefusedTarget, TargetNotFound
 from coordinator.service import peers
 from coordinator.service.auth import TokenCheck
 from coordinator.service.events import EventStream
-from coordinator.service.fast_status import StatusFastPath, long_poll
+from coordinator.service.fast_status import (
+    StatusFastPath,
+    limit_body,
+    limit_headers,
+    long_poll,
+)
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
-from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document
+from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document, limited
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
@@ -95,6 +100,12 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
     @app.exception_handler(DrainConflict)
     async def _conflict(_request: Request, exc: DrainConflict) -> JSONResponse:
         return problem(409, str(exc))
+
+    @app.exception_handler(LimitReached)
+    async def _limit(_request: Request, exc: LimitReached) -> Response:
+        coordinator.metrics.limit_refusals.labels(exc.limit).inc()
+        headers = {name.decode(): value.decode() for name, value in limit_headers(exc)}
+        return Response(limit_body(exc), status_code=429, media_type=JSON, headers=headers)
 
     def worker_or_404(worker_id: str) -> Worker:
         worker = coordinator.registry.workers.get(worker_id)
@@ -165,7 +176,8 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     # --- status ----------------------------------------------------------------------------
 
-    @api.get("/status", response_class=Response, responses={304: {"description": "unchanged"}})
+    @api.get("/status", response_class=Response, responses={
+        304: {"description": "unchanged"}, **limited("max_long_polls")})
     async def status(
         request: Request,
         wait: Annotated[float, Query(ge=0, le=86_400)] = 0.0,
@@ -189,7 +201,8 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
 
     @api.post("/workers", status_code=201, responses={
         200: {"description": "already registered"}, 403: {"description": "refused pid"},
-        409: {"description": "the drain is terminating"}, 422: {"description": "bad input"}})
+        409: {"description": "the drain is terminating"}, 422: {"description": "bad input"},
+        **limited("max_workers")})
     async def register(body: RegisterRequest, request: Request) -> JSONResponse:
         """Register a worker process (identity checked); same process again → same id.
         Without a token, only a caller that could signal the process itself may."""
@@ -213,18 +226,26 @@ def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
         return {"id": worker_id, "state": "deregistered"}
 
     @api.get("/workers/{worker_id}/events", response_class=Response,
-             responses={404: {"description": "unknown worker"}})
+             responses={404: {"description": "unknown worker"},
+                        **limited("max_streams_per_worker")})
     async def events(worker_id: WorkerId) -> Response:
         """NDJSON stream: ``hello``, then ``drain``, ``abort``, ``terminate``, ``ping``."""
-        return EventStream(coordinator, worker_or_404(worker_id))
+        worker = worker_or_404(worker_id)
+        open_now = coordinator.notifier.connected(worker_id)
+        if open_now >= settings.max_streams_per_worker:
+            raise LimitReached("max_streams_per_worker",
+                               f"worker {worker_id} holds {open_now} event streams open, the "
+                               "limit (--max-streams-per-worker)")
+        return EventStream(coordinator, worker)
 
-    @api.post("/workers/{worker_id}/report", responses={404: {"description": "unknown worker"}})
+    @api.post("/workers/{worker_id}/report", responses={
+        404: {"description": "unknown worker"}, **limited("max_handoffs")})
     async def report(worker_id: WorkerId, body: ReportRequest) -> dict[str, int]:
         """In-flight count, handed-back requests, ``prekill_done``."""
         coordinator.report(worker_or_404(worker_id), body)
         return {"generation": coordinator.machine.generation}
 
-    @api.post("/migrations/ack")
+    @api.post("/migrations/ack", responses=limited("max_early_acks"))
     async def ack(body: AckRequest) -> dict[str, list[str]]:
         """A router re-issued these handed-back requests: ``acked`` were pending, ``early``
         were not reported yet (applied when they are), ``unknown`` were settled already."""

@@ -9,11 +9,13 @@ whose ``/status`` route documents and backs the same behaviour.
 
 from __future__ import annotations
 
+import json
 import time
 from urllib.parse import parse_qsl
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from coordinator.errors import LimitReached
 from coordinator.service.runtime import FULL_VIEW, VIEWS, Coordinator
 
 MAX_WAIT_S = 86_400.0
@@ -48,14 +50,37 @@ def parse_poll(query: bytes) -> tuple[float, int | None, str] | None:
 
 async def long_poll(coordinator: Coordinator, wait: float, since: int | None,
                     cap_s: float) -> None:
-    """Return once ``generation`` > ``since`` or after ``min(wait, cap_s)`` seconds."""
-    if since is None or wait <= 0:
+    """Return once ``generation`` > ``since`` or after ``min(wait, cap_s)`` seconds;
+    ``LimitReached`` when ``max_long_polls`` callers wait already (and it would wait)."""
+    if since is None or wait <= 0 or coordinator.machine.generation > since:
         return
-    deadline = time.monotonic() + min(wait, cap_s)
-    while coordinator.machine.generation <= since:
-        left = deadline - time.monotonic()
-        if left <= 0 or not await coordinator.changes.wait(left):
-            return
+    limit = coordinator.settings.max_long_polls
+    if coordinator.long_polls >= limit:
+        raise LimitReached("max_long_polls", f"{coordinator.long_polls} callers wait on "
+                           f"/status already, the limit (--max-long-polls)")
+    coordinator.long_polls += 1
+    try:
+        deadline = time.monotonic() + min(wait, cap_s)
+        while coordinator.machine.generation <= since:
+            left = deadline - time.monotonic()
+            if left <= 0 or not await coordinator.changes.wait(left):
+                return
+    finally:
+        coordinator.long_polls -= 1
+
+
+RETRY_AFTER_S = 1
+"""What a 429 asks the caller to wait before it tries again."""
+
+
+def limit_headers(exc: LimitReached) -> list[tuple[bytes, bytes]]:
+    """Headers of a 429: when to retry, and which limit was hit."""
+    return [(b"retry-after", str(RETRY_AFTER_S).encode()),
+            (b"x-limit", exc.limit.encode())]
+
+
+def limit_body(exc: LimitReached) -> bytes:
+    return json.dumps({"detail": str(exc), "limit": exc.limit}).encode()
 
 
 class StatusFastPath:
@@ -78,7 +103,15 @@ class StatusFastPath:
         if poll is None:
             await self.app(scope, receive, send)
             return
-        await long_poll(self.coordinator, poll[0], poll[1], self.cap_s)
+        try:
+            await long_poll(self.coordinator, poll[0], poll[1], self.cap_s)
+        except LimitReached as exc:
+            self.coordinator.metrics.limit_refusals.labels(exc.limit).inc()
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"),
+                                    *limit_headers(exc)]})
+            await send({"type": "http.response.body", "body": limit_body(exc)})
+            return
         _, etag, body = self.coordinator.status_bytes(poll[2])
         tag = etag.encode()
         if if_none_match == tag:

@@ -13,7 +13,7 @@ _PHASE_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 15, 20, 30, 60, 120, 
 
 class CoordinatorMetrics:
     """Counters and histograms of drains, phases, process fates, migrations, state file
-    writes and cycles."""
+    writes, cycles and limits reached."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -48,6 +48,11 @@ class CoordinatorMetrics:
             "shutdown_coordinator_new_cycles",
             "Finished drains whose cycle ended, back to serving, by trigger "
             "(registration, restart)", ["trigger"], registry=r)
+        self.limit_refusals = Counter(
+            "shutdown_coordinator_limit_refusals",
+            "Requests answered 429 because a bounded collection was full, by its setting "
+            "(max_workers, max_handoffs, max_early_acks, max_long_polls, "
+            "max_streams_per_worker)", ["limit"], registry=r)
         self.set_phase(Phase.SERVING)
 
     def set_phase(self, current: Phase) -> None:

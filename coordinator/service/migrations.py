@@ -5,9 +5,15 @@ Each appears in ``/status`` ``migrations`` until a router acknowledges it (``POS
 
 A router usually reads the handed-back event on the engine's stream, and so acknowledges,
 before the worker's batched report reaches the coordinator. Such an early acknowledgement is
-remembered (a bounded number of ids, until the drain ends) and applied when the handoff
-arrives: the handoff is then counted handed back and acknowledged at once, never listed as
-pending, and the router has nothing to retry.
+remembered (until the drain ends) and applied when the handoff arrives: the handoff is then
+counted handed back and acknowledged at once, never listed as pending, and the router has
+nothing to retry.
+
+Both collections are bounded (``--max-handoffs``, ``--max-early-acks``): a report or an
+acknowledgement that would grow one past its bound is refused whole (``LimitReached``, a 429
+the caller retries once routers have acknowledged), never half applied, and nothing is
+silently forgotten. While no drain runs, what waits longer than ``--expire-after`` expires
+(``expire_before``): a pending handoff is then counted ``expired``, as at a budget's end.
 
 Some engines sit behind a router of their own that migrates a stream by itself and never
 talks to the coordinator (Dynamo's frontend re-issues a stream that ends without its final
@@ -22,9 +28,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-EARLY_ACKS_KEPT = 10_000
-"""Early acknowledgements remembered at most (the oldest are forgotten first): one per
-request a router re-issued before its handoff was reported, far above one pod's burst."""
+from coordinator.errors import LimitReached
+
+MAX_PENDING = 10_000
+"""Default bound on pending handoffs: far above what one pod holds in flight."""
+MAX_EARLY_ACKS = 10_000
+"""Default bound on early acknowledgements: one per request a router re-issued before its
+handoff was reported, far above one pod's burst."""
 
 RESOLVED_KEPT = 10_000
 """Acknowledged or expired ids remembered, so a repeated ack answers ``unknown`` instead of
@@ -63,7 +73,10 @@ class AckResult:
 class MigrationBook:
     """Pending migrations, early acknowledgements and running totals."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_pending: int = MAX_PENDING,
+                 max_early: int = MAX_EARLY_ACKS) -> None:
+        self.max_pending = max_pending
+        self.max_early = max_early
         self.pending: dict[str, Migration] = {}
         self.early: dict[str, float] = {}
         """Early acknowledgements (request id → when), oldest first."""
@@ -73,6 +86,18 @@ class MigrationBook:
         self.expired = 0
         self.engine = 0
         """Of ``acked``: handoffs the engine's own router migrated (never pending)."""
+
+    def check_room(self, handoffs: list[tuple[str, bool]]) -> None:
+        """Raise ``LimitReached`` when adding ``handoffs`` (request id, engine-migrated) would
+        hold more than ``max_pending`` pending; nothing is changed either way."""
+        new = {request_id for request_id, engine in handoffs
+               if not engine and request_id not in self.pending
+               and request_id not in self.early}
+        if new and len(self.pending) + len(new) > self.max_pending:
+            raise LimitReached(
+                "max_handoffs", f"{len(self.pending)} handed-back requests wait for a router "
+                f"and {len(new)} more would pass the limit of {self.max_pending} "
+                "(--max-handoffs); retry once routers have acknowledged some")
 
     def add(self, worker: str, worker_url: str | None, request_id: str, tokens: int,
             detail: Any = None, *, engine_migrated: bool = False) -> Added | None:
@@ -97,11 +122,20 @@ class MigrationBook:
         return "listed"
 
     def ack(self, request_ids: list[str]) -> AckResult:
-        """Acknowledge re-issued requests."""
+        """Acknowledge re-issued requests; ``LimitReached`` (nothing changed) when the early
+        ones would hold more than ``max_early`` early acknowledgements."""
+        ids = list(dict.fromkeys(request_ids))
+        new_early = sum(1 for request_id in ids if request_id not in self.pending
+                        and request_id not in self._resolved and request_id not in self.early)
+        if new_early and len(self.early) + new_early > self.max_early:
+            raise LimitReached(
+                "max_early_acks", f"{len(self.early)} acknowledgements wait for their "
+                f"handoffs and {new_early} more would pass the limit of {self.max_early} "
+                "(--max-early-acks); retry once the handoffs are reported")
         acked: list[str] = []
         early: list[str] = []
         unknown: list[str] = []
-        for request_id in dict.fromkeys(request_ids):
+        for request_id in ids:
             if self.pending.pop(request_id, None) is not None:
                 acked.append(request_id)
                 self._resolve(request_id)
@@ -111,14 +145,34 @@ class MigrationBook:
                 early.append(request_id)
                 self.early.pop(request_id, None)
                 self.early[request_id] = time.time()
-                while len(self.early) > EARLY_ACKS_KEPT:
-                    del self.early[next(iter(self.early))]
         self.acked += len(acked)
         return AckResult(acked, early, unknown)
 
     def forget_early(self) -> None:
         """The drain ended: acknowledgements of handoffs that never came are dropped."""
         self.early.clear()
+
+    def expire_before(self, cutoff: float) -> tuple[int, int]:
+        """Expire pending handoffs and early acknowledgements older than ``cutoff`` (epoch
+        s); returns (handoffs expired, early acknowledgements dropped). Both dicts are in
+        arrival order, so the walk stops at the first young one."""
+        old = []
+        for request_id, migration in self.pending.items():
+            if migration.handed_back_at >= cutoff:
+                break
+            old.append(request_id)
+        for request_id in old:
+            del self.pending[request_id]
+            self._resolve(request_id)
+        self.expired += len(old)
+        dropped = []
+        for request_id, at in self.early.items():
+            if at >= cutoff:
+                break
+            dropped.append(request_id)
+        for request_id in dropped:
+            del self.early[request_id]
+        return len(old), len(dropped)
 
     def expire_all(self) -> int:
         """The budget ended: drop every pending migration; returns how many."""

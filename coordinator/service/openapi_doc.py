@@ -37,6 +37,12 @@ GUARDED: dict[int | str, dict[str, Any]] = {
 }
 """Answers the request guard gives before any handler of a token-protected operation."""
 
+def limited(setting: str) -> dict[int | str, dict[str, Any]]:
+    """The 429 of an operation bounded by ``setting`` (with ``Retry-After``)."""
+    return {429: {"model": Problem, "description": f"the {setting} limit is reached; retry "
+                  "after the Retry-After seconds"}}
+
+
 SCHEME = "bearer"
 
 

@@ -30,10 +30,10 @@ from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
-from coordinator.errors import DrainConflict
+from coordinator.errors import DrainConflict, LimitReached
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.service import adoption, identity, posture
+from coordinator.service import adoption, expiry, identity, posture
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
@@ -67,7 +67,7 @@ class Coordinator:
         self.machine = PhaseMachine(on_change=self._changed)
         self._timeline_seen = len(self.machine.timeline)
         self.registry = WorkerRegistry(on_change=self.bump, on_exit=self.worker_exited)
-        self.migrations = MigrationBook()
+        self.migrations = MigrationBook(settings.max_handoffs, settings.max_early_acks)
         self.notifier = Notifier(settings.ping_interval_s)
         self.doorbell = Doorbell.from_setting(settings.doorbell)
         self.state = StateKeeper(self, settings.state_file)
@@ -84,6 +84,9 @@ class Coordinator:
         self._processes_cache: tuple[int, bytes, bytes] | None = None
         self._loop_ready = False
         self._notify_pending = False
+        self._sweeper: asyncio.Task[None] | None = None
+        self.long_polls = 0
+        """``GET /status?wait`` callers waiting now (bounded by ``max_long_polls``)."""
         self.controller = DrainController(
             machine=self.machine,
             changes=self.changes,
@@ -119,10 +122,15 @@ class Coordinator:
         self.scan.start(self.settings.process_scan_interval_s, self._roots,
                         paused=lambda: self.machine.phase in (Phase.TERMINATING, Phase.DONE))
         await self.writer.flush()  # a path that cannot be written shows in /status at once
+        self._sweeper = asyncio.get_running_loop().create_task(expiry.sweep_forever(self))
 
     async def stop(self) -> None:
-        """Close streams, stop the scanner and the drain task, write the state a last time."""
+        """Close streams, stop the scanner, the sweeper and the drain task, write the state a
+        last time."""
         self.notifier.close_all()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            await asyncio.gather(self._sweeper, return_exceptions=True)
         await self.scan.stop()
         await self.controller.close()
         self.registry.close()
@@ -185,6 +193,8 @@ class Coordinator:
         for worker in state.workers:
             self.registry.restore(worker)
         self.migrations = state.migrations
+        self.migrations.max_pending = self.settings.max_handoffs
+        self.migrations.max_early = self.settings.max_early_acks
         self.controller.last = state.last
         # The restored history was measured by the coordinator that lived it: phase
         # durations are observed from here on.
@@ -336,6 +346,12 @@ class Coordinator:
         if phase is Phase.TERMINATING:
             raise DrainConflict(f"cannot register a worker while {phase}")
         found = identity.vet(body.pid, body.start_time, self.settings.confine_to_pid)
+        if (self.registry.find(found.pid, found.start_time) is None
+                and len(self.registry.workers) >= self.settings.max_workers):
+            raise LimitReached(
+                "max_workers", f"{len(self.registry.workers)} workers are registered, the "
+                f"limit (--max-workers); exited ones are forgotten "
+                f"{self.settings.expire_after_s:g} s after they exit")
         if phase is Phase.DONE:
             self.state.admit(found)
             phase = self.machine.phase
@@ -366,7 +382,9 @@ class Coordinator:
         return worker
 
     def report(self, worker: Worker, body: ReportRequest) -> None:
-        """A worker's in-flight count, handoffs and pre-kill confirmation."""
+        """A worker's in-flight count, handoffs and pre-kill confirmation; ``LimitReached``
+        (nothing applied) when its handoffs would pass ``max_handoffs``."""
+        self.migrations.check_room([(h.request_id, h.ack == "engine") for h in body.handoffs])
         for handoff in body.handoffs:
             added = self.migrations.add(worker.id, worker.url, handoff.request_id,
                                         handoff.tokens, handoff.detail,

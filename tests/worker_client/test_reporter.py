@@ -7,10 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from tests.service.servers import register, start_coordinator
 from tests.support.processes import ProcessJanitor
+from worker_client._registration import _retryable
 from worker_client._reporter import MAX_HANDOFFS_PER_REPORT, Reporter
+from worker_client.errors import CoordinatorRefused
 
 BURST = 12_000
 """More handoffs than one report may carry (the coordinator takes 10,000 at most)."""
@@ -24,7 +27,8 @@ def test_a_burst_larger_than_one_report_arrives_whole(janitor: ProcessJanitor,
     coordinator counts every one, with its detail. (One report of 12,000 was refused, 413
     or 422, and retried forever.)"""
     sleeper = janitor.spawn(["sleep", "600"], service=True, exit_code=-signal.SIGTERM)
-    running = start_coordinator(janitor, tmp_path, "--max-body-bytes", str(2 * 1024 * 1024))
+    running = start_coordinator(janitor, tmp_path, "--max-body-bytes", str(2 * 1024 * 1024),
+                                "--max-handoffs", str(BURST))
     worker_id = register(running, sleeper.pid)["id"]
     sizes: list[int] = []
     refused: list[str] = []
@@ -52,3 +56,53 @@ def test_a_burst_larger_than_one_report_arrives_whole(janitor: ProcessJanitor,
     details = {m["request_id"]: m.get("detail") for m in status["migrations"]}
     assert len(details) == BURST
     assert details["r1"] == "d" * 1000
+
+
+def _refusing(statuses: list[int]) -> tuple[Reporter, list[dict[str, Any]]]:
+    """A reporter whose posts are answered with ``statuses`` in turn, then 200."""
+    calls: list[dict[str, Any]] = []
+
+    def post(report: dict[str, Any]) -> None:
+        calls.append(report)
+        if len(calls) <= len(statuses):
+            raise CoordinatorRefused(statuses[len(calls) - 1], "refused")
+
+    return Reporter(post), calls
+
+
+def test_a_limit_reached_is_retried_until_the_report_is_taken() -> None:
+    """1. the coordinator answers 429 (a limit of its own reached) twice, then takes the
+    report; 2. the reporter sends the same handoffs three times and is then idle."""
+    reporter, calls = _refusing([429, 429])
+    reporter.handoff("r1", tokens=3)
+    reporter.enable()
+    assert reporter.flush(timeout=60)
+    reporter.close()
+    assert [c["handoffs"] for c in calls] == [[{"request_id": "r1", "tokens": 3}]] * 3
+
+
+def test_a_report_refused_for_good_is_dropped_not_retried_forever(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """1. the coordinator answers 422 (a report it will never take); 2. the reporter drops
+    it, says so in the log, and is idle; 3. the next report is sent on its own."""
+    reporter, calls = _refusing([422])
+    reporter.handoff("bad", tokens=1)
+    reporter.enable()
+    with caplog.at_level("ERROR", logger="worker_client"):
+        assert reporter.flush(timeout=60)
+    assert len(calls) == 1
+    assert "dropping the report (1 handoffs)" in caplog.text
+    reporter.handoff("good", tokens=2)
+    assert reporter.flush(timeout=60)
+    reporter.close()
+    assert [c["handoffs"][0]["request_id"] for c in calls] == ["bad", "good"]
+
+
+@pytest.mark.parametrize(("status", "retried"), [(429, True), (408, True), (503, True),
+                                                 (422, False), (401, False)])
+def test_registration_retries_what_a_later_attempt_can_fix(status: int, retried: bool) -> None:
+    request = httpx.Request("POST", "http://127.0.0.1/workers")
+    error = httpx.HTTPStatusError("x", request=request,
+                                  response=httpx.Response(status, request=request))
+    assert _retryable(error) is retried
