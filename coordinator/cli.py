@@ -180,12 +180,12 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                  allow_unauthenticated_network=args.allow_unauthenticated_network)
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
-        posture.check(settings)
+        checked = posture.check(settings)
     except (ValidationError, OSError, ValueError) as exc:
         print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
         return exit_codes.USAGE
     try:
-        return serve(settings)
+        return serve(settings, checked=checked)
     except OSError as exc:
         print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
         return exit_codes.USAGE

@@ -36,6 +36,7 @@ from coordinator.service.fast_status import (
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
 from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document, limited
+from coordinator.service.posture import Posture
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
@@ -60,9 +61,11 @@ def default_kill() -> KillFn:
     return Terminator().run
 
 
-def create_app(settings: Settings, *, kill: KillFn | None = None) -> FastAPI:
-    """Build the app around a fresh ``Coordinator``."""
-    coordinator = Coordinator(settings, kill or default_kill())
+def create_app(settings: Settings, *, kill: KillFn | None = None,
+               checked: Posture | None = None) -> FastAPI:
+    """Build the app around a fresh ``Coordinator`` (``checked``: the posture ``serve``
+    already found for ``settings``)."""
+    coordinator = Coordinator(settings, kill or default_kill(), checked)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -69,6 +69,7 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
                      _loop: asyncio.AbstractEventLoop | None = None) -> None:
             super().__init__(config, server_state, app_state, _loop)
             self.head_timer: asyncio.TimerHandle | None = None
+            self.linger_timer: asyncio.TimerHandle | None = None
             self.in_head = True
             self.head_bytes = 0
             self.raw: asyncio.Transport | None = None
@@ -86,6 +87,9 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm_head_timer()
+            if self.linger_timer is not None:  # the client closed first: nothing to drop
+                self.linger_timer.cancel()
+                self.linger_timer = None
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
@@ -151,7 +155,7 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
             except (OSError, RuntimeError, NotImplementedError):
                 raw.close()
                 return
-            self.loop.call_later(LINGER_S, self._close_now)
+            self.linger_timer = self.loop.call_later(LINGER_S, self._close_now)
 
         def _close_now(self) -> None:
             if self.raw is not None and not self.raw.is_closing():

@@ -56,10 +56,12 @@ VIEWS = (FULL_VIEW, ROUTER_VIEW)
 class Coordinator:
     """Everything one coordinator knows; single event loop, no locks."""
 
-    def __init__(self, settings: Settings, kill: KillFn) -> None:
+    def __init__(self, settings: Settings, kill: KillFn,
+                 checked: posture.Posture | None = None) -> None:
         self.settings = settings
         # Raises InsecureSettings before anything is built: nothing serves on such settings.
-        self.posture = posture.check(settings)
+        # ``checked``: what ``serve`` found already (the token file is read once).
+        self.posture = checked or posture.check(settings)
         self.instance = uuid.uuid4().hex[:8]
         self.started_at = time.time()
         self.changes = ChangeSignal()

@@ -30,6 +30,7 @@ from coordinator.drain.controller import KillFn
 from coordinator.kill import procfs, safety
 from coordinator.service.app import create_app
 from coordinator.service.connections import guarded_protocol
+from coordinator.service.posture import Posture
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
 
@@ -127,9 +128,10 @@ def write_port_file(path: Path, host: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-def build_server(settings: Settings, *, kill: KillFn | None = None) -> CoordinatorServer:
+def build_server(settings: Settings, *, kill: KillFn | None = None,
+                 checked: Posture | None = None) -> CoordinatorServer:
     """The app wrapped in a ``CoordinatorServer`` (not started)."""
-    app = create_app(settings, kill=kill)
+    app = create_app(settings, kill=kill, checked=checked)
     config = uvicorn.Config(
         app,
         loop=_pick("uvloop", "asyncio", "uvloop"),
@@ -143,7 +145,8 @@ def build_server(settings: Settings, *, kill: KillFn | None = None) -> Coordinat
     return CoordinatorServer(config, app.state.coordinator)
 
 
-def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
+def serve(settings: Settings, *, kill: KillFn | None = None,
+          checked: Posture | None = None) -> int:
     """Run until stopped; returns the process exit code (0 on a requested stop)."""
     logging.basicConfig(level=settings.log_level.upper().replace("TRACE", "DEBUG"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -155,7 +158,7 @@ def serve(settings: Settings, *, kill: KillFn | None = None) -> int:
     procfs.boot_time()
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
-    server = build_server(settings, kill=kill)
+    server = build_server(settings, kill=kill, checked=checked)
     posture = server.coordinator.posture
     log.log(logging.WARNING if posture.unauthenticated_network else logging.INFO,
             "%s", posture.summary())

@@ -752,6 +752,22 @@ def test_polling_fallback_does_not_signal_a_zombie_or_a_process_gone_after_its_c
     assert racer.returncode == -signal.SIGKILL
 
 
+def test_without_pidfds_a_pid_that_names_another_process_is_never_signalled(
+    janitor: ProcessJanitor,
+) -> None:
+    """1. a tracked process, without pidfds; 2. its PID now names another start (as a reused
+    PID would: the start ticks recorded at tracking differ from /proc's); 3. ``send`` refuses
+    without signalling: SIGKILLed by the test afterwards, the process dies of that SIGKILL,
+    not of a SIGTERM (whose default action would have ended it at once)."""
+    proc = janitor.spawn_python(SLEEPER)
+    table = table_for(proc.pid, use_pidfd=False)
+    tracked = table.live[proc.pid]
+    tracked.start_ticks += 1
+    assert table.send(tracked, signal.SIGTERM) is False
+    proc.kill()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+
+
 def test_an_exited_process_is_never_signalled_or_settled_twice(janitor: ProcessJanitor) -> None:
     """1. a tracked process gets its graceful signal and exits;
     2. a second graceful signal, a SIGKILL and a plain signal do nothing; a second exit
