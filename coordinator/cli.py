@@ -75,6 +75,19 @@ _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 ]
 
 
+_METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < value <= 86_400:
+        raise argparse.ArgumentTypeError(f"{text} is not between 0 (excluded) and 86400 s")
+    return value
+
+
 def _env_name(field: str) -> str:
     return ENV_PREFIX + field.upper()
 
@@ -90,13 +103,15 @@ def build_parser() -> argparse.ArgumentParser:
     """The whole command line."""
     parser = argparse.ArgumentParser(
         prog="shutdown-coordinator",
-        description="Drain LLM inference pods without losing requests or leaking processes.")
+        description="Drain LLM inference pods without losing requests or leaking processes.",
+        epilog=exit_codes.describe(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="run the coordinator")
     for flag, field, kind, text in _SERVE_FLAGS:
-        serve.add_argument(flag, dest=field, type=kind, default=None,
+        serve.add_argument(flag, dest=field, type=kind, default=None, metavar=_METAVARS.get(
+                               kind, flag.removeprefix("--").upper()),
                            help=f"{text} [env {_env_name(field)}]")
     serve.add_argument("--adopt-pid", dest="adopt_pids", type=int, action="append",
                        default=None, metavar="PID",
@@ -128,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     drain = sub.add_parser("drain", help="drain a running coordinator and print the summary")
     client_flags(drain)
     drain.add_argument("--reason", default="operator", help="why (shown in /status)")
-    drain.add_argument("--deadline", type=float, default=None, metavar="S",
+    drain.add_argument("--deadline", type=_positive_seconds, default=None, metavar="S",
                        help="a shorter budget for this drain, in seconds")
     drain.add_argument("--quiet", action="store_true", help="no progress lines")
     drain.add_argument("--force", action="store_true",
@@ -158,6 +173,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(args_list)
     except SystemExit as exc:
         return exit_codes.USAGE if exc.code not in (0, None) else exit_codes.OK
+    try:
+        return _dispatch(args, parser)
+    except BrokenPipeError:
+        # The reader went away (``status | head -1``): nothing more to say, and Python must
+        # not complain when it flushes stdout at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return exit_codes.OK
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.command == "serve":
         return _serve(args, parser)
     if args.command == "drain":
@@ -170,6 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from pydantic import ValidationError
 
+    from coordinator import startup_check
     from coordinator.service import posture
     from coordinator.service.server import serve
     from coordinator.settings import Settings
@@ -178,11 +205,21 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     given.update(adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
                  adopt_tiers=args.adopt_tiers, status_cache=args.status_cache,
                  allow_unauthenticated_network=args.allow_unauthenticated_network)
+    flags = {field: flag for flag, field, _, _ in _SERVE_FLAGS} | {
+        "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
+        "adopt_tiers": "--adopt-tier",
+        "allow_unauthenticated_network": "--allow-unauthenticated-network"}
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})
-        checked = posture.check(settings)
-    except (ValidationError, OSError, ValueError) as exc:
-        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        problems = startup_check.refusals(settings)
+        checked = posture.check(settings) if not problems else None
+    except ValidationError as exc:
+        problems = startup_check.explain(exc, flags)
+    except (OSError, ValueError) as exc:
+        problems = [str(exc)]
+    if problems or checked is None:
+        for problem in problems:
+            print(f"shutdown-coordinator serve: {problem}", file=sys.stderr)
         return exit_codes.USAGE
     try:
         return serve(settings, checked=checked)
@@ -205,6 +242,8 @@ def _client_errors(
 
         try:
             return func(args)
+        except BrokenPipeError:
+            raise  # our reader went away: main() ends quietly
         except OSError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return exit_codes.USAGE

@@ -55,3 +55,12 @@ OUTCOME_CODES: dict[str, int] = {
     "timeout": SURVIVED,
 }
 """Exit code of ``drain`` for each drain ``outcome`` in the summary (an unknown one: 4)."""
+
+
+def describe() -> str:
+    """The codes for ``--help``, one line each (the names say what they mean; the README
+    and ``docs/service.md`` say more)."""
+    named = sorted((value, name) for name, value in globals().items()
+                   if name.isupper() and isinstance(value, int))
+    lines = ["exit codes:"] + [f"  {value:>2}  {name}" for value, name in named]
+    return "\n".join(lines)

@@ -18,7 +18,7 @@ echo "== mypy"
 echo "== core tests"
 # Under coverage (COVERAGE=0: without), counting the Python processes the tests start that
 # import a measured package (coordinator, worker_client, router_client): a .pth file in the
-# virtualenv gives every Python process a finder that, while SHUTDOWN_COORDINATOR_COVERAGE
+# virtualenv gives every Python process a finder that, while COORDINATOR_TEST_COVERAGE
 # names the configuration, calls coverage.process_startup() when the first of those packages
 # is imported. A process that never imports one (a test tree, a shell helper) does not load
 # coverage at all, which keeps the run close to its time without coverage; one that does is
@@ -46,7 +46,7 @@ class StartCoverageOnFirstImport:
         self.started = True
         try:
             sys.meta_path.remove(self)
-            os.environ["COVERAGE_PROCESS_START"] = os.environ["SHUTDOWN_COORDINATOR_COVERAGE"]
+            os.environ["COVERAGE_PROCESS_START"] = os.environ["COORDINATOR_TEST_COVERAGE"]
             import coverage
             coverage.process_startup()
         except Exception as exc:  # never in the way of the import itself
@@ -60,7 +60,7 @@ sys.meta_path.insert(0, StartCoverageOnFirstImport())
 """
 with open(sys.argv[1], "w") as pth:
     # A namespace of its own: site runs each line inside a function.
-    pth.write("import os; exec(%r, {}) if os.environ.get('SHUTDOWN_COORDINATOR_COVERAGE') "
+    pth.write("import os; exec(%r, {}) if os.environ.get('COORDINATOR_TEST_COVERAGE') "
               "else None\n" % HOOK)
 EOF
 }
@@ -110,7 +110,7 @@ if [ "${COVERAGE:-1}" = 0 ]; then
 else
     rm -rf .coverage-data .coverage
     install_coverage_hook
-    SHUTDOWN_COORDINATOR_COVERAGE="$PWD/pyproject.toml" \
+    COORDINATOR_TEST_COVERAGE="$PWD/pyproject.toml" \
         COVERAGE_FILE="$PWD/.coverage-data/.coverage" .venv/bin/pytest || status=$?
 fi
 echo "core tests: $((SECONDS - started)) s wall time (coverage: ${COVERAGE:-1})"

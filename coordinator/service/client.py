@@ -34,6 +34,7 @@ class CoordinatorClient:
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers,
                                   timeout=httpx.Timeout(timeout_s, read=LONG_POLL_S + timeout_s))
 
@@ -50,7 +51,7 @@ class CoordinatorClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
-            raise ClientError(f"cannot reach the coordinator: {exc}") from exc
+            raise ClientError(f"cannot reach the coordinator at {self.url}: {exc}") from exc
         if response.status_code in (401, 403) and path != "/workers":
             raise AuthError(_detail(response))
         if 400 <= response.status_code < 600:
@@ -58,9 +59,10 @@ class CoordinatorClient:
         try:
             data = response.json()
         except ValueError as exc:
-            raise ClientError(f"not JSON from {path}: {response.text[:200]!r}") from exc
+            raise ClientError(f"not JSON from {self.url}{path}: {response.text[:200]!r}"
+                              ) from exc
         if not isinstance(data, dict):
-            raise ClientError(f"unexpected answer from {path}")
+            raise ClientError(f"unexpected answer from {self.url}{path}")
         return data
 
     def status(self, *, wait: float = 0.0, since: int | None = None) -> dict[str, Any]:

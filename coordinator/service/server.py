@@ -26,8 +26,10 @@ from types import FrameType
 
 import uvicorn
 
+from coordinator import startup_check
 from coordinator.drain.controller import KillFn
 from coordinator.kill import procfs, safety
+from coordinator.logfmt import logfmt
 from coordinator.service.app import create_app
 from coordinator.service.connections import guarded_protocol
 from coordinator.service.posture import Posture
@@ -137,6 +139,8 @@ def build_server(settings: Settings, *, kill: KillFn | None = None,
         loop=_pick("uvloop", "asyncio", "uvloop"),
         http=guarded_protocol(settings.max_connections, settings.read_timeout_s),
         log_level=settings.log_level,
+        # uvicorn's records go through the root logger: one format for the whole log.
+        log_config=None,
         access_log=settings.log_level in ("debug", "trace"),
         timeout_graceful_shutdown=SHUTDOWN_BOUND_S,
         lifespan="on",
@@ -162,6 +166,9 @@ def serve(settings: Settings, *, kill: KillFn | None = None,
     posture = server.coordinator.posture
     log.log(logging.WARNING if posture.unauthenticated_network else logging.INFO,
             "%s", posture.summary())
+    log.info("settings: %s", logfmt(startup_check.effective(settings)))
+    for warning in startup_check.warnings(settings, os.environ):
+        log.warning("%s", warning)
     if settings.port_file is not None:
         write_port_file(settings.port_file, settings.host, port)
     print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)
