@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -152,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="print the coordinator's state")
     client_flags(status)
+    status.add_argument("--plan", action="store_true",
+                        help="print the kill as it would run now: tiers in order, each with "
+                        "its signal, timeout and processes")
+    status.add_argument("--watch", action="store_true",
+                        help="print the state again at every change (a drain as it runs) "
+                        "until interrupted, or until a drain is done")
 
     kill_command.add_parser(sub)
 
@@ -263,12 +270,32 @@ def _client_errors(
 @_client_errors
 def _status(args: argparse.Namespace) -> int:
     from coordinator.service.client import CoordinatorClient
-    from coordinator.service.render import status_text
+    from coordinator.service.render import plan_text, status_text
 
     with CoordinatorClient(args.url, _token(args)) as client:
+        if args.plan:
+            plan = client.plan()
+            print(json.dumps(plan, indent=2) if args.json else plan_text(plan))
+            return exit_codes.OK
         document = client.status()
-    print(json.dumps(document, indent=2) if args.json else status_text(document))
+        if args.json:  # with --watch, one document a line
+            print(json.dumps(document, indent=None if args.watch else 2), flush=True)
+        else:
+            print(status_text(document), flush=True)
+        while args.watch and not _finished(document):
+            document = client.status(wait=10.0, since=int(document["generation"]))
+            if args.json:
+                print(json.dumps(document), flush=True)
+            else:
+                clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n"
+                print(clear + status_text(document), flush=True)
     return exit_codes.OK
+
+
+def _finished(document: dict[str, Any]) -> bool:
+    """A watched drain has ended (done, or aborted back to serving)."""
+    return document["phase"] == "done" or (
+        document["phase"] == "serving" and document.get("outcome") == "aborted")
 
 
 def _start_drain(client: CoordinatorClient, args: argparse.Namespace) -> dict[str, Any]:
@@ -283,6 +310,8 @@ def _drain(args: argparse.Namespace) -> int:
     with CoordinatorClient(args.url, _token(args)) as client:
         started = _start_drain(client, args)
         since = int(started["generation"]) - 1
+        tty = sys.stderr.isatty()
+        columns = shutil.get_terminal_size().columns - 1
         document: dict[str, Any] | None = None
         lost_at: float | None = None
         while True:
@@ -298,11 +327,17 @@ def _drain(args: argparse.Namespace) -> int:
                 continue
             generation = int(document["generation"])
             if generation > since and not args.quiet and not args.json:
-                print(progress_line(document), file=sys.stderr, flush=True)
+                # On a terminal one line is rewritten in place; in a log, one line a change.
+                if tty:
+                    print("\r\x1b[K" + progress_line(document)[:columns], end="",
+                          file=sys.stderr, flush=True)
+                else:
+                    print(progress_line(document), file=sys.stderr, flush=True)
             since = max(since, generation)
-            if document["phase"] == "done" or (
-                    document["phase"] == "serving" and document.get("outcome") == "aborted"):
+            if _finished(document):
                 break
+        if tty and not args.quiet and not args.json:
+            print(file=sys.stderr)
     outcome, causes, _ = drain_verdict(document)
     outcome = outcome or "survived"
     print(json.dumps(document, indent=2) if args.json else status_text(document))

@@ -36,6 +36,7 @@ from coordinator.service.fast_status import (
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
 from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document, limited
+from coordinator.service.plan import kill_plan
 from coordinator.service.posture import Posture
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
@@ -199,6 +200,12 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
             return Response(status_code=304, headers={"ETag": etag})
         return Response(body, media_type=JSON, headers={"ETag": etag,
                                                         "Cache-Control": "no-cache"})
+
+    @api.get("/plan")
+    async def plan() -> dict[str, Any]:
+        """The kill as it would run now: its tiers in order, each with its signal, timeout and
+        the processes the last scan listed in it."""
+        return kill_plan(coordinator)
 
     # --- workers ---------------------------------------------------------------------------
 

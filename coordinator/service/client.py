@@ -71,6 +71,10 @@ class CoordinatorClient:
             params = {"wait": wait, "since": since}
         return self._call("GET", "/status", params=params)
 
+    def plan(self) -> dict[str, Any]:
+        """The kill as it would run now (``GET /plan``)."""
+        return self._call("GET", "/plan")
+
     def start_drain(self, reason: str, deadline_s: float | None, *,
                     force: bool = False) -> dict[str, Any]:
         """Start (or join) a drain without waiting for it; ``force`` SIGKILLs at once."""

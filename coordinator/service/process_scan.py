@@ -38,9 +38,15 @@ Roots = list[tuple[int, str]]
 LEFT_TREE = "left its tree (its parent exited)"
 
 
+CMDLINE_SHOWN = 160
+"""Characters of a command line ``/status`` shows (enough to tell the processes apart)."""
+
+
 def process_entry(o: ProcessOutcome) -> dict[str, Any]:
-    """A process as ``/status`` lists it (the outcome without its long command line)."""
-    return {"pid": o.pid, "name": o.name, "role": o.role, "root_pid": o.root_pid,
+    """A process as ``/status`` lists it (its command line cut to ``CMDLINE_SHOWN``)."""
+    cmdline = o.cmdline if len(o.cmdline) <= CMDLINE_SHOWN else o.cmdline[:CMDLINE_SHOWN] + "…"
+    return {"pid": o.pid, "name": o.name, "cmdline": cmdline, "role": o.role,
+            "root_pid": o.root_pid,
             "parent_pid": o.parent_pid, "depth": o.depth, "fate": o.fate.value,
             "exit_code": o.exit_code, "signal": o.signal, "tier": o.tier,
             "elapsed_ms": o.elapsed_ms, "detail": o.detail,

@@ -55,6 +55,9 @@ def progress_line(doc: dict[str, Any]) -> str:
     line = (f"[{doc['phase']}] gen {doc['generation']}: {len(workers)} workers, "
             f"{inflight} in flight, {len(doc.get('migrations', []))} migrations pending, "
             f"{ended}/{len(doc.get('processes', []))} processes ended{left}")
+    waiting = waiting_on(doc)
+    if waiting:
+        line += f"; {waiting}"
     outcome, causes, lost = drain_verdict(doc)
     if outcome is not None:
         line += f"; outcome {outcome}"
@@ -69,6 +72,16 @@ def status_text(doc: dict[str, Any]) -> str:
     """The whole status for a person."""
     now = time.time()
     out = [f"phase       {doc['phase']}  (generation {doc['generation']})"]
+    security = doc.get("security") or {}
+    if security:
+        out.append(f"security    auth {'on' if security.get('auth') else 'OFF'}, bind "
+                   f"{security.get('host')}"
+                   + (" (loopback)" if security.get("loopback") else " (network)"))
+    settings = doc.get("settings") or {}
+    if settings:
+        out.append(f"budget      {settings['budget_s']:g}s: {settings['migration_s']:g}s to "
+                   f"migrate, {settings['termination_s']:g}s to terminate "
+                   f"(tiers of {settings['tier_timeout_s']:g}s)")
     drain = doc.get("drain")
     if drain:
         out.append(f"drain       {drain['reason']!r}, started {_ago(drain['started_at'], now)}, "
@@ -97,9 +110,69 @@ def status_text(doc: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _tree_order(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each root followed by its descendants, depth first (parents before children)."""
+    by_parent: dict[int | None, list[dict[str, Any]]] = {}
+    pids = {p["pid"] for p in processes}
+    for p in sorted(processes, key=lambda p: p["pid"]):
+        parent = p.get("parent_pid") if p.get("parent_pid") in pids and p.get("depth") else None
+        by_parent.setdefault(parent, []).append(p)
+    ordered: list[dict[str, Any]] = []
+    stack = list(reversed(by_parent.get(None, [])))
+    while stack:
+        node = stack.pop()
+        ordered.append(node)
+        stack.extend(reversed(by_parent.get(node["pid"], [])))
+    seen = {p["pid"] for p in ordered}
+    return ordered + [p for p in processes if p["pid"] not in seen]
+
+
+def _ms_after(at: float | None, origin: float | None) -> str | None:
+    if at is None or origin is None:
+        return None
+    return f"+{(at - origin) * 1000:.0f}"
+
+
 def summary_processes(processes: list[dict[str, Any]]) -> str:
-    """The processes table: how each one ended."""
-    return table(["pid", "name", "role", "fate", "exit", "after ms", "signal"], [
-        [p["pid"], p["name"], p.get("role"), p["fate"], p.get("exit_code"),
-         None if p.get("elapsed_ms") is None else f"{p['elapsed_ms']:.1f}", p.get("signal")]
-        for p in processes])
+    """The processes as a tree: how each one ended (or is running), its tier and signal, when
+    it was signalled and ended (ms after the kill's first signal), and why."""
+    first = min((p["signalled_at"] for p in processes if p.get("signalled_at")), default=None)
+    rows = []
+    for p in _tree_order(processes):
+        indent = "  " * min(int(p.get("depth") or 0), 8)
+        command = p.get("cmdline") or ""
+        rows.append([
+            p["pid"], indent + str(p["name"]), p.get("role"), p.get("tier"), p["fate"],
+            p.get("exit_code"), p.get("signal"), _ms_after(p.get("signalled_at"), first),
+            _ms_after(p.get("ended_at"), first),
+            (command[:48] + "…") if len(command) > 48 else (command or None),
+            p.get("detail") or None])
+    return table(["pid", "process", "role", "tier", "fate", "exit", "signal", "signalled ms",
+                  "ended ms", "command", "detail"], rows)
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """The kill as it would run now, tier by tier."""
+    rows = []
+    for order, tier in enumerate(plan.get("tiers", []), start=1):
+        for p in tier["processes"]:
+            command = p.get("cmdline") or ""
+            rows.append([order, tier["tier"], f"{tier['timeout_s']:g}s", p["signal"], p["pid"],
+                         p["name"], p.get("role"),
+                         (command[:60] + "…") if len(command) > 60 else (command or None)])
+    head = (f"kill plan: {len(plan.get('tiers', []))} tiers, {plan.get('processes', 0)} "
+            "processes, in this order (each tier: its signal, then its timeout, then SIGKILL "
+            "for what remains)")
+    return head + ("\n" + table(["step", "tier", "timeout", "signal", "pid", "process", "role",
+                                  "command"], rows) if rows else "\n(nothing to stop)")
+
+
+def waiting_on(doc: dict[str, Any]) -> str | None:
+    """The process the kill waits on now: signalled, not yet ended (the earliest signalled)."""
+    waiting = [p for p in doc.get("processes", [])
+               if p.get("signalled_at") and p.get("fate") == "running"]
+    if not waiting:
+        return None
+    p = min(waiting, key=lambda p: p["signalled_at"])
+    return (f"waiting on {p['pid']} {p['name']} (tier {p.get('tier') or '-'}, "
+            f"{p.get('signal')} {time.time() - p['signalled_at']:.1f}s ago)")

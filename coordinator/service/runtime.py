@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from coordinator import __version__
+from coordinator import __version__, startup_check
 from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
@@ -88,6 +88,8 @@ class Coordinator:
         self._loop_ready = False
         self._notify_pending = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._effective = startup_check.effective(settings)
+        """The settings a drain runs with (budget split, adoption), shown in ``/status``."""
         self.long_polls = 0
         """``GET /status?wait`` callers waiting now (bounded by ``max_long_polls``)."""
         self.controller = DrainController(
@@ -311,6 +313,7 @@ class Coordinator:
                             "started_at": self.started_at},
             "state_file": self.state.status(),
             "security": self.posture.to_status(),
+            "settings": self._effective,
         }
         if processes:
             entries = self.process_list()

@@ -5,11 +5,14 @@ one log line per process fate and per drain, errors that name the address, exit 
 
 from __future__ import annotations
 
+import itertools
+import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -127,7 +130,8 @@ def test_a_reader_that_goes_away_ends_status_quietly(janitor: ProcessJanitor,
     running = start_coordinator(janitor, tmp_path)
     proc = subprocess.Popen([*COMMAND, "status", "--url", running.url], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout is not None
+    assert proc.stderr is not None
     proc.stdout.close()
     err = proc.stderr.read()
     proc.stderr.close()
@@ -138,3 +142,54 @@ def test_a_reader_that_goes_away_ends_status_quietly(janitor: ProcessJanitor,
 def _unused_pid() -> int:
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     return next(p for p in range(pid_max - 1, 1, -1) if not os.path.exists(f"/proc/{p}"))
+
+
+def test_the_plan_is_the_order_the_processes_then_get_their_sigterm(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. a registered tree (root → a "scheduler" with a child, and a "detok") declaring a
+    ``schedulers`` tier by role pattern; 2. ``status --plan`` (JSON and text) lists every
+    process of the tree once: the declared tier first, then the rest deepest first, the root
+    last; 3. ``status`` shows the budget, the auth mode and the tree with command lines;
+    4. ``status --watch --json`` follows a drain and ends by itself at ``done``; 5. the
+    processes' own records say each tier's SIGTERM came after the previous tier's last
+    process ended, in the plan's order, and the summary is true."""
+    running = start_coordinator(janitor, tmp_path, *FAST)
+    tree = start_tree(janitor, {"role": "root", "children": [
+        {"role": "scheduler", "children": [{"role": "leaf"}]}, {"role": "detok"}]},
+        tmp_path / "tree")
+    register(running, tree.pid, tiers=[{"name": "schedulers", "pattern": "scheduler"}])
+    roles = {int(p["pid"]): p["role"] for p in tree.processes}
+
+    def planned() -> dict[str, Any] | None:
+        result = run("status", "--plan", "--json", "--url", running.url)
+        plan = json.loads(result.stdout)
+        return plan if plan["processes"] == len(roles) else None
+
+    plan = wait_for(planned, what="the tree listed by a scan")
+    steps = [(t["tier"], sorted(roles[p["pid"]] for p in t["processes"])) for t in plan["tiers"]]
+    assert steps == [("schedulers", ["scheduler"]), ("depth-2", ["leaf"]),
+                     ("depth-1", ["detok"]), ("roots", ["root"])]
+    assert {p["signal"] for t in plan["tiers"] for p in t["processes"]} == {"SIGTERM"}
+    text = run("status", "--plan", "--url", running.url).stdout
+    assert text.startswith("kill plan: 4 tiers, 4 processes")
+    for pid in roles:
+        assert re.search(rf"^\d\s+\S+\s+\S+\s+SIGTERM\s+{pid}\s", text, re.M), text
+    shown = run("status", "--url", running.url).stdout
+    assert "security    auth OFF, bind 127.0.0.1 (loopback)" in shown
+    assert "budget      11s: 6.6s to migrate, 4.4s to terminate (tiers of 2s)" in shown
+    assert "tests.kill.trees" in shown  # the command column
+
+    watcher = subprocess.Popen([*COMMAND, "status", "--watch", "--json", "--url", running.url],
+                               cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    out, _ = watcher.communicate(timeout=120)
+    assert watcher.returncode == exit_codes.OK
+    assert json.loads(out.splitlines()[-1])["phase"] == "done"
+    assert_summary_is_true(summary, tree, root_code=tree.root.wait(timeout=30))
+    records = {pid: r for pid, r in tree.markers().items()}
+    order = [[pid for pid in roles if roles[pid] in step[1]] for step in steps]
+    for before, after in itertools.pairwise(order):
+        assert max(records[p]["ended_at"] for p in before) <= min(
+            records[p]["signalled_at"] for p in after)
