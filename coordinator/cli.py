@@ -48,6 +48,8 @@ _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--state-file", "state_file", Path, "persist the drain here to survive a restart"),
     ("--doorbell", "doorbell", str,
      "named pipe that wakes every worker at once: auto (default), off, or a path"),
+    ("--engine-metrics-url", "engine_metrics_url", str,
+     "Prometheus endpoint of an adopted engine: its in-flight requests hold the migration"),
     ("--confine-to-pid", "confine_to_pid", int,
      "only register or adopt processes descending from this PID"),
     ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),
@@ -124,6 +126,11 @@ def build_parser() -> argparse.ArgumentParser:
                        default=None, metavar="NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]",
                        help="kill tier for adopted trees, in order (repeatable); 'root' lets "
                        f"it hold the adopted root itself [env {_env_name('adopt_tiers')}]")
+    serve.add_argument("--engine-inflight-metric", dest="engine_inflight_metrics",
+                       action="append", default=None, metavar="NAME",
+                       help="a gauge of the engine's in-flight requests (repeatable; default: "
+                       "vLLM's and SGLang's running and waiting requests) "
+                       f"[env {_env_name('engine_inflight_metrics')}]")
     serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
                        action="store_const", const=True, default=None,
                        help="serve a non-loopback --host without a token (refused otherwise: "
@@ -209,12 +216,13 @@ def _serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from coordinator.settings import Settings
 
     given = {field: getattr(args, field) for _, field, _, _ in _SERVE_FLAGS}
-    given.update(adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
+    given.update(engine_inflight_metrics=args.engine_inflight_metrics,
+                 adopt_pids=args.adopt_pids, adopt_patterns=args.adopt_patterns,
                  adopt_tiers=args.adopt_tiers, status_cache=args.status_cache,
                  allow_unauthenticated_network=args.allow_unauthenticated_network)
     flags = {field: flag for flag, field, _, _ in _SERVE_FLAGS} | {
         "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
-        "adopt_tiers": "--adopt-tier",
+        "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
         "allow_unauthenticated_network": "--allow-unauthenticated-network"}
     try:
         settings = Settings(**{k: v for k, v in given.items() if v is not None})

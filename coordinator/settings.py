@@ -22,6 +22,12 @@ from coordinator.kill.tier_text import parse_tiers
 ENV_PREFIX = "SHUTDOWN_COORDINATOR_"
 DEFAULT_PORT = 8787
 DEFAULT_URL = f"http://127.0.0.1:{DEFAULT_PORT}"
+DEFAULT_INFLIGHT_METRICS = (
+    # vllm/v1/metrics/loggers.py (PrometheusStatLogger)
+    "vllm:num_requests_running", "vllm:num_requests_waiting",
+    # sglang/srt/metrics/collector.py (SchedulerMetricsCollector)
+    "sglang:num_running_reqs", "sglang:num_queue_reqs",
+)
 
 
 def _split_list(value: Any) -> Any:
@@ -93,6 +99,14 @@ class Settings(BaseSettings):
     """Kill tiers for adopted trees, ``NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]`` each (see
     ``coordinator.kill.tier_text``): matching processes are signalled in this order before
     the default deepest-first order; ``root`` lets a tier hold the adopted root itself."""
+    engine_metrics_url: str | None = Field(None, max_length=2048)
+    """The Prometheus endpoint of an engine that does not register (``http://127.0.0.1:8000/
+    metrics`` for a stock vLLM): while a drain migrates, its in-flight gauges are read and the
+    migrating phase holds until they reach 0 (see ``coordinator.service.engine_probe``)."""
+    engine_inflight_metrics: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(DEFAULT_INFLIGHT_METRICS))
+    """The gauges whose sum is the engine's in-flight requests. Default: vLLM's and SGLang's
+    running and waiting requests (an engine exports only its own)."""
     confine_to_pid: int | None = Field(None, ge=1)
     """Hardening: only register or adopt processes descending from this PID (or the PID
     itself). Unset: any process the coordinator may see, except the refused ones."""
@@ -155,7 +169,14 @@ class Settings(BaseSettings):
     log_level: str = "info"
     """uvicorn log level: critical, error, warning, info, debug, trace."""
 
-    @field_validator("adopt_pids", "adopt_patterns", mode="before")
+    @field_validator("engine_metrics_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        return value
+
+    @field_validator("adopt_pids", "adopt_patterns", "engine_inflight_metrics", mode="before")
     @classmethod
     def _lists_from_env(cls, value: Any) -> Any:
         return _split_list(value)

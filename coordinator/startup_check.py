@@ -104,4 +104,5 @@ def effective(settings: Settings) -> dict[str, Any]:
         "adopt_patterns": list(settings.adopt_patterns),
         "adopt_tiers": [t.name for t in settings.adopt_tiers],
         "state_file": str(settings.state_file) if settings.state_file else None,
+        "engine_metrics_url": settings.engine_metrics_url,
     }

@@ -33,9 +33,9 @@ from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.errors import DrainConflict, LimitReached
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.logfmt import logfmt
-from coordinator.service import adoption, expiry, identity, posture
+from coordinator.service import adoption, drain_log, expiry, identity, posture
 from coordinator.service.doorbell import Doorbell
+from coordinator.service.engine_probe import EngineProbe
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
@@ -80,6 +80,10 @@ class Coordinator:
             confine_to=settings.confine_to_pid,
         )
         self.scan = ProcessScan(self.rules, on_change=self.processes_changed)
+        self.engine_probe = (
+            EngineProbe(settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
+                        on_change=self.bump)
+            if settings.engine_metrics_url else None)
         self._cache: tuple[int, str, bytes] | None = None
         self._router_cache: tuple[int, str, bytes] | None = None
         self._processes_epoch = 0
@@ -133,6 +137,8 @@ class Coordinator:
         """Close streams, stop the scanner, the sweeper and the drain task, write the state a
         last time."""
         self.notifier.close_all()
+        if self.engine_probe is not None:
+            self.engine_probe.stop()
         if self._sweeper is not None:
             self._sweeper.cancel()
             await asyncio.gather(self._sweeper, return_exceptions=True)
@@ -314,6 +320,8 @@ class Coordinator:
             "state_file": self.state.status(),
             "security": self.posture.to_status(),
             "settings": self._effective,
+            "engine_inflight": (self.engine_probe.reading.to_status()
+                                if self.engine_probe is not None else None),
         }
         if processes:
             entries = self.process_list()
@@ -458,6 +466,8 @@ class Coordinator:
         if self.doorbell is not None:
             self.doorbell.ring()
         self.notifier.publish(self._drain_event(drain))
+        if self.engine_probe is not None:
+            self.engine_probe.start()
         for worker in self.registry.alive():
             if worker.state is WorkerState.SERVING:
                 worker.state = WorkerState.DRAINING
@@ -472,12 +482,16 @@ class Coordinator:
         if self.doorbell is not None:
             self.doorbell.reset()  # before the abort line: a worker re-arms when it reads it
         self.notifier.publish({"type": "abort", "generation": self.machine.generation})
+        if self.engine_probe is not None:
+            self.engine_probe.stop()
         for worker in self.registry.alive():
             worker.state = WorkerState.SERVING
             worker.prekill_done = False
             worker.awaiting_report = False
 
     def terminating(self, drain: DrainRecord) -> list[str]:
+        if self.engine_probe is not None:
+            self.engine_probe.stop()
         self.notifier.publish(self._terminate_event(drain))
         waiting: list[str] = []
         for worker in self.registry.alive():
@@ -489,6 +503,8 @@ class Coordinator:
 
     def migration_settled(self) -> bool:
         if self.migrations.pending:
+            return False
+        if self.engine_probe is not None and not self.engine_probe.settled:
             return False
         return all(not w.inflight and not w.awaiting_report for w in self.registry.alive())
 
@@ -555,7 +571,7 @@ class Coordinator:
 
     def _finished(self, drain: DrainRecord) -> None:
         self.migrations.forget_early()
-        _log_drain_end(drain, self.migrations.counts())
+        drain_log.drain_ended(drain, self.migrations.counts())
         self.metrics.drains.labels(drain.outcome or "unknown").inc()
         self.metrics.drain_seconds.observe(
             max(0.0, (drain.ended_at or time.time()) - drain.deadlines.started_at))
@@ -564,27 +580,3 @@ class Coordinator:
                 self.metrics.fates.labels(outcome.fate.value).inc()
         self.bump()
 
-
-def _log_drain_end(drain: DrainRecord, migrations: dict[str, int]) -> None:
-    """One line per process fate and one for the drain: once the pod is gone, its log is what
-    is left of how each process ended."""
-    started = drain.deadlines.started_at
-    for outcome in sorted(drain.outcomes.values(), key=lambda o: o.pid):
-        level = logging.INFO if outcome.fate in (Fate.EXITED, Fate.GONE) else logging.WARNING
-        log.log(level, "drain process: %s", logfmt({
-            "pid": outcome.pid, "name": outcome.name, "role": outcome.role,
-            "root_pid": outcome.root_pid, "tier": outcome.tier, "fate": outcome.fate.value,
-            "signal": outcome.signal, "exit_code": outcome.exit_code,
-            "elapsed_ms": None if outcome.elapsed_ms is None else round(outcome.elapsed_ms, 1),
-            "detail": outcome.detail or None}))
-    fates = {fate.value: 0 for fate in Fate}
-    for outcome in drain.outcomes.values():
-        fates[outcome.fate.value] += 1
-    graceful = drain.outcome in ("graceful", "aborted")
-    log.log(logging.INFO if graceful else logging.WARNING, "drain end: %s", logfmt({
-        "outcome": drain.outcome, "reason": drain.reason,
-        "seconds": round((drain.ended_at or time.time()) - started, 3),
-        "budget_s": round(drain.split.total_s, 3), "processes": len(drain.outcomes),
-        **fates, "handed_back": migrations["handed_back"], "lost_requests": drain.lost_requests,
-        "causes": " | ".join(drain.causes) or None,
-        "errors": " | ".join(drain.errors) or None}))

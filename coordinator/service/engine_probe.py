@@ -1,0 +1,128 @@
+"""In-flight requests of an engine that never registers, read from its own metrics.
+
+An adopted engine (stock vLLM, SGLang, Dynamo) does not report its in-flight requests to the
+coordinator, but every one of them exports them on its Prometheus endpoint (vLLM
+``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, SGLang
+``sglang:num_running_reqs`` and ``sglang:num_queue_reqs``). While a drain is ``draining`` or
+``migrating``, ``EngineProbe`` reads that endpoint every ``INTERVAL_S`` and the migrating
+phase holds until the sum of the named gauges is 0 (the engine finished what it had), or the
+migration deadline. So an adopted engine's requests finish inside the migration window
+instead of being cut by the kill.
+
+    1. the first read is taken before the phase may end (``settled`` is False until then);
+    2. each later read that changes the count bumps ``/status`` (``engine_inflight``);
+    3. an endpoint that cannot be read or parsed counts as settled (the engine may be gone, or
+       never exported the gauges): the reason is shown in ``/status`` and logged once, and the
+       drain goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 0.1
+"""Between two reads: a finished request is noticed within this, at one small GET each."""
+TIMEOUT_S = 1.0
+"""One read at most (the engine answers its metrics from its HTTP process)."""
+MAX_BODY_BYTES = 4 * 1024 * 1024
+"""A metrics page larger than this is not parsed (vLLM's is ~100 KB with histograms)."""
+
+
+def inflight(text: str, names: Iterable[str]) -> int | None:
+    """The sum of the gauges ``names`` (every sample of each, whatever its labels) in a
+    Prometheus text page; None when none of them is on the page."""
+    wanted = set(names)
+    total = 0.0
+    found = False
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in wanted and math.isfinite(sample.value):
+                total += sample.value
+                found = True
+    return max(0, round(total)) if found else None
+
+
+@dataclass
+class Reading:
+    """What ``/status`` shows of the probe (``engine_inflight``)."""
+
+    url: str
+    count: int | None = None
+    read_at: float | None = None
+    error: str | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"url": self.url, "inflight": self.count, "read_at": self.read_at,
+                "error": self.error}
+
+
+class EngineProbe:
+    """Reads one engine's in-flight gauges while a drain migrates."""
+
+    def __init__(self, url: str, names: tuple[str, ...], on_change: Callable[[], None]) -> None:
+        self.url = url
+        self.names = names
+        self.reading = Reading(url)
+        self._on_change = on_change
+        self._task: asyncio.Task[None] | None = None
+        self._read_once = False
+
+    @property
+    def settled(self) -> bool:
+        """No in-flight request left, as far as the engine's metrics tell."""
+        if not self._read_once:
+            return False  # step 1
+        return self.reading.error is not None or not self.reading.count
+
+    def start(self) -> None:
+        self.stop()
+        self._read_once = False
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-probe")
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+    async def _run(self) -> None:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+            while True:
+                count, error = await self._read(http)
+                changed = (count, error) != (self.reading.count, self.reading.error)
+                if error is not None and error != self.reading.error:
+                    log.warning("engine metrics at %s: %s (its in-flight requests cannot be "
+                                "waited for)", self.url, error)
+                self.reading = Reading(self.url, count, time.time(), error)
+                first = not self._read_once
+                self._read_once = True
+                if changed or first:  # step 2
+                    self._on_change()
+                await asyncio.sleep(INTERVAL_S)
+
+    async def _read(self, http: httpx.AsyncClient) -> tuple[int | None, str | None]:
+        try:
+            response = await http.get(self.url)
+        except httpx.HTTPError as exc:
+            return None, f"not reachable ({exc.__class__.__name__}: {exc})"
+        if response.status_code != 200:
+            return None, f"answered {response.status_code}"
+        if len(response.content) > MAX_BODY_BYTES:
+            return None, f"page larger than {MAX_BODY_BYTES} bytes"
+        try:
+            count = inflight(response.text, self.names)
+        except ValueError as exc:
+            return None, f"not Prometheus text ({exc})"
+        if count is None:
+            return None, f"none of {', '.join(self.names)} on the page"
+        return count, None

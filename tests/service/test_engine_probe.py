@@ -1,0 +1,105 @@
+"""An adopted engine's in-flight requests, read from its own metrics, hold the migrating
+phase until they are done; an endpoint that cannot be read does not hold the drain."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from coordinator.service.engine_probe import inflight
+from coordinator.settings import DEFAULT_INFLIGHT_METRICS
+from tests.service.metrics_engine import PAGE
+from tests.service.servers import FAST, ROOT, Running, start_coordinator
+from tests.support.processes import ProcessJanitor, wait_for
+
+VLLM = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+SGLANG_PAGE = """# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="m",tp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="m",tp_rank="1"} 1.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="m",tp_rank="0"} 2.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="m",tp_rank="0"} NaN
+"""
+
+
+def test_the_count_is_the_sum_of_the_named_gauges_over_every_label_set() -> None:
+    assert inflight(PAGE.format(running=3, waiting=2), VLLM) == 5
+    assert inflight(PAGE.format(running=0, waiting=0), DEFAULT_INFLIGHT_METRICS) == 0
+    assert inflight(SGLANG_PAGE, DEFAULT_INFLIGHT_METRICS) == 6
+    assert inflight(SGLANG_PAGE, ("sglang:token_usage",)) is None  # NaN is no count
+    assert inflight(SGLANG_PAGE, VLLM) is None
+    assert inflight("", VLLM) is None
+
+
+def start_engine(janitor: ProcessJanitor, tmp_path: Path, running: int) -> tuple[Any, Path, int]:
+    count = tmp_path / "running"
+    count.write_text(f"{running} 0")
+    port_file = tmp_path / "engine.json"
+    proc = janitor.spawn([sys.executable, "-m", "tests.service.metrics_engine", str(count),
+                          str(port_file)], cwd=ROOT)
+    port = wait_for(lambda: port_file.exists() and json.loads(port_file.read_text())["port"],
+                    what="the engine's metrics port")
+    return proc, count, int(port)
+
+
+def reading(running: Running) -> dict[str, Any]:
+    status = running.status()
+    return {"phase": status["phase"], **(status["engine_inflight"] or {})}
+
+
+def test_the_migration_waits_for_the_engines_running_requests(janitor: ProcessJanitor,
+                                                              tmp_path: Path) -> None:
+    """1. an adopted engine whose metrics say 2 requests run; 2. a drain: it stays in
+    migrating while they do (through several reads of the metrics, each newer than the
+    last); 3. once the engine says 0, the drain goes on: the engine gets its SIGTERM and
+    exits 0 (its own wait status), and the summary says so."""
+    engine, count, port = start_engine(janitor, tmp_path, running=2)
+    running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "120",
+                                "--adopt-pid", str(engine.pid), "--engine-metrics-url",
+                                f"http://127.0.0.1:{port}/metrics")
+    with running.client() as client:
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+    first = wait_for(lambda: (r := reading(running))["inflight"] == 2 and r,
+                     what="the probe's first read")
+    assert first["phase"] in ("draining", "migrating")
+    reads = count.with_suffix(".reads")
+    wait_for(lambda: reading(running)["phase"] == "migrating", what="migrating")
+    # The engine's own log of reads: several more, each answered 2, and still migrating.
+    before = len(reads.read_text().split())
+    wait_for(lambda: len(reads.read_text().split()) >= before + 3, what="three more reads")
+    assert reading(running)["phase"] == "migrating"
+    assert set(reads.read_text().split()) == {"2"}
+    count.write_text("0 0")
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.wait(timeout=60) == 0
+    assert summary["phase"] == "done"
+    assert summary["outcome"] == "graceful"
+    assert [(p["pid"], p["fate"], p["exit_code"], p["signal"]) for p in summary["processes"]] \
+        == [(engine.pid, "exited", 0, "SIGTERM")]
+    assert reads.read_text().split()[-1] == "0"
+
+
+def test_an_engine_whose_metrics_cannot_be_read_does_not_hold_the_drain(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. ``--engine-metrics-url`` names a port nothing listens on; 2. a drain of an adopted
+    engine goes on at once past migrating, ends graceful, and /status says why the count
+    is unknown."""
+    engine, _count, port = start_engine(janitor, tmp_path, running=5)
+    running = start_coordinator(janitor, tmp_path, *FAST, "--adopt-pid", str(engine.pid),
+                                "--engine-metrics-url", f"http://127.0.0.1:{port}/nothing")
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.wait(timeout=60) == 0
+    assert summary["outcome"] == "graceful"
+    assert summary["engine_inflight"]["inflight"] is None
+    assert summary["engine_inflight"]["error"] == "answered 404"
+    assert [(p["fate"], p["signal"]) for p in summary["processes"]] == [("exited", "SIGTERM")]
