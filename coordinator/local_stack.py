@@ -60,10 +60,14 @@ class LocalStack:
         self.workdir = workdir
         self._procs: list[subprocess.Popen[bytes]] = []
         self._coordinators: set[int] = set()
+        self.router: subprocess.Popen[bytes] | None = None
+        """The router ``start_router`` started last."""
 
     # -- starting -------------------------------------------------------------------------
 
-    def _spawn(self, argv: Sequence[str], log_name: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+    def spawn(self, argv: Sequence[str], log_name: str, **kwargs: Any) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in a session of its own, its output appended to ``log_name``; it
+        ends in ``close()`` like every other process of the stack."""
         log: IO[bytes] = (self.workdir / log_name).open("ab")
         try:
             proc = subprocess.Popen(
@@ -75,11 +79,13 @@ class LocalStack:
         self._procs.append(proc)
         return proc
 
-    def start_coordinator(self, name: str, *args: str) -> CoordinatorProcess:
-        """``shutdown-coordinator serve`` on a free loopback port; returns once it answers."""
+    def start_coordinator(self, name: str, *args: str, port: int = 0) -> CoordinatorProcess:
+        """``shutdown-coordinator serve`` on a loopback port (0: a free one); returns once it
+        answers. A restart on the same ``port`` keeps the URL routers and engines know."""
         port_file = self.workdir / f"{name}.port.json"
-        proc = self._spawn(
-            [sys.executable, "-m", "coordinator", "serve", "--port", "0",
+        port_file.unlink(missing_ok=True)
+        proc = self.spawn(
+            [sys.executable, "-m", "coordinator", "serve", "--port", str(port),
              "--port-file", str(port_file), "--log-level", "warning", *args],
             f"{name}.log",
         )
@@ -94,7 +100,7 @@ class LocalStack:
         coordinator = self.start_coordinator(f"{name}-coordinator", *coordinator_args)
 
         def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-            return self._spawn(argv, f"{name}-engine.log", env=env)
+            return self.spawn(argv, f"{name}-engine.log", env=env)
 
         engine = start_engine(spawn, self.workdir / f"{name}-records",
                               coordinator=coordinator.url, **engine_knobs)
@@ -102,17 +108,20 @@ class LocalStack:
         _wait_until(lambda: _registered(pod), f"{name}'s engine to register")
         return pod
 
-    def start_router(self, pods: Sequence[Pod], *args: str) -> str:
-        """The reference router over ``pods``; returns its URL."""
+    def start_router(self, pods: Sequence[Pod], *args: str, port: int = 0) -> str:
+        """The reference router over ``pods`` on a loopback port (0: a free one); returns
+        its URL."""
         ready = self.workdir / "router.json"
+        ready.unlink(missing_ok=True)
         workers: list[str] = []
         for pod in pods:
             workers += ["--worker", f"{pod.engine.url}={pod.coordinator.url}"]
-        proc = self._spawn(
-            [sys.executable, "-m", "router_client.reference_router", "--port", "0",
+        proc = self.spawn(
+            [sys.executable, "-m", "router_client.reference_router", "--port", str(port),
              "--ready-file", str(ready), *workers, *args],
             "router.log",
         )
+        self.router = proc
         return _wait_for_json_url(proc, ready, "router")
 
     # -- ending ---------------------------------------------------------------------------
