@@ -1,0 +1,476 @@
+"""Chaos soak: many drains in a row, of every kind, under streaming load, checked against
+ground truth.
+
+    .venv/bin/python -m bench.soak [--drains 1000] [--seed S] [--pods 3] [--max-seconds S]
+    .venv/bin/python -m bench.soak --drains 50 --max-seconds 170      # the CI version
+
+1. Start ``--pods`` pods on loopback, each a coordinator (token, state file) and a simulated
+   engine registered with it, each engine in a unit of its own (a cgroup, else a mount
+   namespace), and the reference router in front of them (``bench/soak_rig.py``). This
+   process becomes a child subreaper, so the engines' orphans are its own to reap.
+2. Draw the drains' kinds from a seeded generator (printed): rounds over every kind
+   (``bench/soak_kinds.py``), each round in a shuffled order, so any run of at least as many
+   drains as there are kinds covers them all.
+3. Each pod runs its drains one after another; up to ``--parallel`` pods (default: all but
+   one, so one always serves) drain at once. The kinds that restart the router or may lose
+   requests by design (force, crash) run alone. The coordinator restart runs on the last pod
+   only, so the other coordinators live through the whole run.
+4. One drain: a fresh streaming load through the router (every token checked against
+   ``expected_tokens``); once it flows, the kind drains the pod its way; the load ends.
+5. Check it from outside the coordinator (``bench/soak_truth.py``): streams lost, tokens
+   missing or duplicated, processes of the engine (ready file, end records, daemons, the
+   pod's cgroup) still running, and the summary held against each process's own record and
+   the exit codes its parent, or this process, saw.
+6. Start a fresh engine on the same port with the next kind's knobs; it registers with the
+   same coordinator, which serves again. Sample every long-lived coordinator's RSS and open
+   fds.
+7. Stop starting drains after ``--drains`` or ``--max-seconds``; print the table and end
+   every process started, by PID (the kill engine, SIGKILL as the fallback), also on Ctrl-C.
+
+Exit status 0 only when no request was lost where none may be, no token was missing or
+duplicated, no process was left, no summary was untrue, no step failed, every kind ran
+(when at least as many drains as kinds were asked for), and the coordinators' RSS and fd
+counts are flat: the mean of the last 10 % of samples at most 1.25 x the first 10 %'s,
+plus 8 MiB (RSS) or 8 (fds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.soak_kinds import KINDS, Cycle, Kind
+from bench.soak_report import Resources, report
+from bench.soak_rig import Fleet, RigError, SoakPod, become_subreaper, registered, wait_status
+from bench.soak_truth import (
+    check_summary,
+    endings,
+    engine_pids,
+    processes_left,
+    registered_ending,
+    running_as,
+)
+from coordinator.sim.launcher import PopenLike
+from coordinator.sim.linux import wait_for_exits
+from coordinator.streaming_load import ClientStream, StreamingLoad
+
+LOAD_TIMEOUT_S = 120.0
+CYCLE_TIMEOUT_S = 180.0
+FLOWING_TIMEOUT_S = 60.0
+
+
+@dataclass
+class DrainResult:
+    """One drain, as checked."""
+
+    number: int
+    pod: str
+    kind: str
+    started: float = field(default_factory=time.monotonic, repr=False)
+    seconds: float = 0.0
+    """The whole cycle: load, drain, checks, the next engine up."""
+    requests: int = 0
+    lost: int = 0
+    tokens_missing: int = 0
+    tokens_duplicated: int = 0
+    inexact: int = 0
+    """Completed streams whose tokens are all there but not in order."""
+    outcome: str | None = None
+    unexpected: bool = False
+    """The outcome is not the one this kind calls for."""
+    left: list[str] = field(default_factory=list)
+    untruthful: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the start of the drain's cycle to each step."""
+
+    def mark(self, phase: str) -> None:
+        self.phases[phase] = time.monotonic() - self.started
+
+    def findings(self) -> bool:
+        return bool(self.lost or self.tokens_missing or self.tokens_duplicated or self.inexact
+                    or self.left or self.untruthful or self.errors or self.unexpected)
+
+    def tally(self, streams: list[ClientStream]) -> None:
+        self.requests = len(streams)
+        for s in streams:
+            if not s.done:
+                self.lost += 1
+                continue
+            missing, duplicated = s.missing_duplicated()
+            self.tokens_missing += missing
+            self.tokens_duplicated += duplicated
+            self.inexact += not missing and not duplicated and not s.exact
+
+    def line(self) -> str:
+        flags = [f"{len(self.left)} left"] if self.left else []
+        flags += ["UNTRUE"] if self.untruthful else []
+        flags += ["UNEXPECTED OUTCOME"] if self.unexpected else []
+        flags += [f"{len(self.errors)} errors"] if self.errors else []
+        flags += [f"{self.lost} lost"] if self.lost else []
+        steps = " ".join(f"{k} {v:.1f}" for k, v in self.phases.items())
+        return (f"[{self.number:5d}] {self.pod} {self.kind:<20} {self.seconds:5.1f} s "
+                f"{self.outcome or '-':<10} {self.requests - self.lost}/{self.requests} streams"
+                f"  ({steps})" + (f"  ** {', '.join(flags)}" if flags else ""))
+
+
+class Schedule:
+    """The seeded sequence of kinds: rounds over every kind, each shuffled."""
+
+    def __init__(self, kinds: list[Kind], rng: random.Random, total: int,
+                 deadline: float, restart_pod: int) -> None:
+        self.kinds = kinds
+        self.rng = rng
+        self.total = total
+        self.deadline = deadline
+        self.restart_pod = restart_pod
+        self.queue: deque[Kind] = deque()
+        self.reserved = 0
+
+    def _round(self) -> None:
+        order = list(self.kinds)
+        self.rng.shuffle(order)
+        self.queue.extend(order)
+
+    def reserve(self, pod: int) -> Kind | None:
+        """The next kind this pod may run, or None when the run has all it asked for."""
+        if self.reserved >= self.total or time.monotonic() >= self.deadline:
+            return None
+        while True:
+            # The restart pod takes the kinds only it may run first, so none piles up.
+            mine = [k for k in self.queue if k.restart_pod_only and pod == self.restart_pod]
+            anyone = [k for k in self.queue if not k.restart_pod_only]
+            for kind in (*mine, *anyone):
+                self.queue.remove(kind)
+                self.reserved += 1
+                return kind
+            self._round()
+
+
+class Slots:
+    """Up to ``parallel`` shared drains at once, or one exclusive drain alone, granted in
+    the order asked for (a pod that just finished a drain queues behind those waiting)."""
+
+    def __init__(self, parallel: int) -> None:
+        self.parallel = parallel
+        self.shared = 0
+        self.exclusive = False
+        self.queue: deque[tuple[asyncio.Future[None], bool]] = deque()
+
+    def _grant(self) -> None:
+        while self.queue:
+            waiter, exclusive = self.queue[0]
+            if waiter.done():  # cancelled while waiting
+                self.queue.popleft()
+                continue
+            free = not self.exclusive and (not self.shared if exclusive
+                                           else self.shared < self.parallel)
+            if not free:
+                return
+            self.queue.popleft()
+            self.exclusive = self.exclusive or exclusive
+            self.shared += not exclusive
+            waiter.set_result(None)
+
+    def _release(self, exclusive: bool) -> None:
+        if exclusive:
+            self.exclusive = False
+        else:
+            self.shared -= 1
+        self._grant()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, exclusive: bool) -> AsyncIterator[None]:
+        waiter = asyncio.get_running_loop().create_future()
+        self.queue.append((waiter, exclusive))
+        self._grant()
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # granted as it was cancelled
+                self._release(exclusive)
+            raise
+        try:
+            yield
+        finally:
+            self._release(exclusive)
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, fleet: Fleet, http: httpx.AsyncClient,
+                 kinds: list[Kind]) -> None:
+        self.args = args
+        self.fleet = fleet
+        self.http = http
+        self.began = time.monotonic()
+        self.deadline = self.began + args.max_seconds
+        self.schedule = Schedule(kinds, random.Random(args.seed), args.drains, self.deadline,
+                                 restart_pod=args.pods - 1)
+        self.slots = Slots(args.parallel)
+        self.numbers = itertools.count(1)
+        self.results: list[DrainResult] = []
+        self.resources = Resources()
+        self.router_stats: list[dict[str, Any]] = []
+        self.fatal: list[str] = []
+
+    # -- the pods' loops ------------------------------------------------------------------
+
+    async def run(self, first: list[Kind | None]) -> None:
+        await asyncio.gather(*(self.pod_loop(pod, kind)
+                               for pod, kind in zip(self.fleet.pods, first, strict=True)))
+
+    async def pod_loop(self, pod: SoakPod, kind: Kind | None) -> None:
+        while kind is not None and not self.fatal:
+            async with self.slots.hold(kind.exclusive):
+                if time.monotonic() >= self.deadline or self.fatal:
+                    return
+                result, finish = await self.drain(pod, kind)
+                kind = self.schedule.reserve(pod.index)
+                # The next engine comes up inside the slot (so the other pods keep serving)
+                # while this drain's streams finish.
+                up = await asyncio.gather(self.next_engine(pod, kind), finish,
+                                          return_exceptions=True)
+                result.seconds = time.monotonic() - result.started
+                self.results.append(result)
+                self.print_result(result)
+                if isinstance(up[0], BaseException):
+                    self.fatal.append(f"{pod.name}: the next engine: {up[0]}")
+                    return
+                self.resources.sample(self.fleet.pods)
+
+    async def next_engine(self, pod: SoakPod, kind: Kind | None) -> None:
+        knobs = kind.knobs if kind is not None else {}
+        engine = await asyncio.to_thread(self.fleet.start_engine, pod, knobs)
+        await wait_status(self.http, pod.coordinator.url, registered(engine.pid),
+                          f"{pod.name}'s engine {engine.pid} registered")
+        await self.router_routes_to(engine.url)
+
+    async def router_routes_to(self, engine_url: str) -> None:
+        """Until the router has seen the pod serve again (its load may land there)."""
+        for _ in range(int(FLOWING_TIMEOUT_S / 0.05)):
+            workers = (await self.http.get(f"{self.fleet.router_url}/workers")).json()
+            if any(w["url"] == engine_url and not w["draining"] for w in workers):
+                return
+            await asyncio.sleep(0.05)
+        raise RigError(f"the router never routed to {engine_url} again")
+
+    # -- one drain ------------------------------------------------------------------------
+
+    async def drain(self, pod: SoakPod, kind: Kind,
+                    ) -> tuple[DrainResult, Coroutine[Any, Any, None]]:
+        """One drain of ``pod`` under a fresh load, checked against the truth; returns the
+        result and what finishes it once the load's streams end."""
+        number = next(self.numbers)
+        engine = pod.current_engine()
+        result = DrainResult(number, pod.name, kind.name)
+        load = StreamingLoad(
+            self.fleet.router_url,
+            [f"soak {number} stream {i}: once upon a time" for i in range(self.args.streams)],
+            self.args.max_tokens, request_id_prefix=f"soak{number}-", timeout_s=LOAD_TIMEOUT_S)
+        clients = asyncio.create_task(load.run())
+        c = Cycle(self.fleet, pod, engine, number, self.http, errors=result.errors)
+        summary: dict[str, Any] | None = None
+        try:
+            await asyncio.wait_for(load.flowing.wait(), FLOWING_TIMEOUT_S)
+            result.mark("flowing")
+            summary = await asyncio.wait_for(kind.run(c), CYCLE_TIMEOUT_S)
+            result.outcome = summary.get("outcome")
+        except Exception as exc:  # a finding of this drain; the soak goes on
+            c.errors.append(f"{type(exc).__name__}: {exc}")
+            await self.recover(pod)
+        result.mark("drained")
+        self.router_stats += c.router_stats
+        main_code = c.main_code
+        if main_code is None:
+            main_code = await asyncio.to_thread(wait_status_of, engine.proc, 60.0)
+            if main_code is None:
+                c.errors.append("the engine's main process still ran 60 s after the drain")
+        extra = {pid: await asyncio.to_thread(wait_status_of, proc, 10.0)
+                 for pid, proc in c.extra.items()}
+        pids = engine_pids(engine, pod.start_ticks)
+        reaped: dict[int, int] = {}
+        left = await asyncio.to_thread(processes_left, {**pids, **dict.fromkeys(extra)},
+                                       pod.unit, {engine.pid, *extra}, reaped)
+        result.left = left + [f"{pid} (registered by the soak; SIGKILLed 10 s after the drain)"
+                              for pid, code in extra.items() if code is None]
+        if result.left:
+            await self.end_leftovers(pod, pids)
+        truth = endings(engine, pids, main_code, reaped, kind.mode)
+        truth.update({pid: registered_ending(pid, code) for pid, code in extra.items()})
+        result.mark("checked")
+
+        async def finish() -> None:
+            result.tally(await clients)
+            if summary is not None:
+                result.untruthful = check_summary(summary, truth, mode=kind.mode,
+                                                  clients_done=result.lost == 0)
+            if result.outcome != kind.outcome:
+                result.unexpected = True
+            if result.findings():
+                self.keep_evidence(result, summary)
+            else:
+                shutil.rmtree(engine.record_dir, ignore_errors=True)
+            result.mark("streams done")
+
+        return result, finish()
+
+    def keep_evidence(self, result: DrainResult, summary: dict[str, Any] | None) -> None:
+        """The summary of a drain with findings, next to its engine's records."""
+        path = self.fleet.workdir / "findings" / f"{result.number:05d}-{result.kind}.json"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(json.dumps({"result": dataclasses.asdict(result), "summary": summary},
+                                   indent=1))
+
+    async def recover(self, pod: SoakPod) -> None:
+        """After a failed step: finish the pod's drain (force) so the soak can go on."""
+        with contextlib.suppress(httpx.HTTPError):
+            await self.http.post(f"{pod.coordinator.url}/drain",
+                                 json={"force": True, "reason": "soak: recovering"},
+                                 timeout=CYCLE_TIMEOUT_S)
+
+    async def end_leftovers(self, pod: SoakPod, pids: dict[int, int | None]) -> None:
+        """SIGKILL what a drain left of the engine (counted already), by PID."""
+        alive = [pid for pid, ticks in pids.items() if running_as(pid, ticks)]
+        alive += [pid for pid in pod.unit.members() if pid not in pids]
+        for pid in alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        await asyncio.to_thread(wait_for_exits, alive, 10.0)
+
+    def print_result(self, result: DrainResult) -> None:
+        if not self.args.quiet or result.left or result.untruthful or result.errors:
+            print(result.line(), file=sys.stderr, flush=True)
+        for what, lines in (("left", result.left), ("untrue", result.untruthful),
+                            ("error", result.errors)):
+            for line in lines:
+                print(f"        {what}: {line}", file=sys.stderr, flush=True)
+
+
+def wait_status_of(proc: PopenLike, timeout_s: float = 10.0) -> int | None:
+    """``proc``'s wait status once the drain ended it; None (and SIGKILLed) if it did not."""
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.soak",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--drains", type=int, default=1000)
+    parser.add_argument("--seed", type=int, default=None, help="default: drawn and printed")
+    parser.add_argument("--pods", type=int, default=3)
+    parser.add_argument("--parallel", type=int, default=None,
+                        help="pods draining at once (default: pods - 1)")
+    parser.add_argument("--streams", type=int, default=6, help="client streams per drain")
+    parser.add_argument("--max-tokens", type=int, default=30, help="tokens per stream")
+    parser.add_argument("--max-seconds", type=float, default=float("inf"),
+                        help="start no drain after this long")
+    parser.add_argument("--kinds", default=",".join(KINDS),
+                        help=f"comma list of kinds (default all: {','.join(KINDS)})")
+    parser.add_argument("--unit", choices=("auto", "cgroup", "mntns"), default="auto",
+                        help="what holds each engine, as a container would")
+    parser.add_argument("--keep", action="store_true", help="keep the working directory")
+    parser.add_argument("--quiet", action="store_true", help="print only drains with findings")
+    args = parser.parse_args(argv)
+    args.seed = random.SystemRandom().randrange(2**32) if args.seed is None else args.seed
+    args.parallel = args.parallel or max(1, args.pods - 1)
+    if args.pods < 2 or args.drains < 1 or not 1 <= args.parallel < args.pods:
+        parser.error("--pods must be >= 2, --drains >= 1, 1 <= --parallel < --pods")
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        parser.error(f"unknown kinds {sorted(unknown)}")
+    return args
+
+
+async def soak(args: argparse.Namespace, workdir: Path) -> int:
+    kinds = [KINDS[name] for name in args.kinds.split(",")]
+    fleet = Fleet(workdir, args.pods, args.unit)
+    limits = httpx.Limits(max_connections=256)
+    try:
+        async with httpx.AsyncClient(headers=fleet.headers, timeout=30.0,
+                                     limits=limits) as http:
+            soak_run = Soak(args, fleet, http, kinds)
+            first = [soak_run.schedule.reserve(i) for i in range(args.pods)]
+            await asyncio.to_thread(fleet.start, [k.knobs if k else {} for k in first])
+            for pod in fleet.pods:
+                await wait_status(http, pod.coordinator.url,
+                                  registered(pod.current_engine().pid), f"{pod.name} up")
+            print(f"{args.pods} pods up (units: {fleet.pods[0].unit.kind}), router at "
+                  f"{fleet.router_url}; draining ...", file=sys.stderr, flush=True)
+            soak_run.began = time.monotonic()
+            await soak_run.run(first)
+            with contextlib.suppress(httpx.HTTPError):
+                soak_run.router_stats.append(
+                    (await http.get(f"{fleet.router_url}/stats")).json())
+            for pod in fleet.pods:
+                soak_run.resources.note_cpu("coordinators", pod.coordinator.proc.pid)
+            if fleet.stack.router is not None:
+                soak_run.resources.note_cpu("the router", fleet.stack.router.pid)
+            return report(args, soak_run, kinds)
+    finally:
+        await fleet.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print(f"chaos soak: --drains {args.drains} --seed {args.seed} --pods {args.pods} "
+          f"--parallel {args.parallel} --max-seconds {args.max_seconds:g}", flush=True)
+    become_subreaper()
+    workdir = Path(tempfile.mkdtemp(prefix="shutdown-coordinator-soak-"))
+    code = 1
+    loop_task: asyncio.Task[int] | None = None
+
+    async def run() -> int:
+        nonlocal loop_task
+        loop_task = asyncio.current_task()
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _cancel, loop_task)
+        return await soak(args, workdir)
+
+    try:
+        code = asyncio.run(run())
+    except KeyboardInterrupt:
+        print("interrupted: every process the soak started was ended", file=sys.stderr)
+        code = 130
+    except asyncio.CancelledError:
+        print("terminated: every process the soak started was ended", file=sys.stderr)
+        code = 143
+    finally:
+        if args.keep or code != 0:
+            print(f"logs and records kept in {workdir}", file=sys.stderr)
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+def _cancel(task: asyncio.Task[int] | None) -> None:
+    if task is not None:
+        task.cancel()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
