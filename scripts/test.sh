@@ -120,6 +120,11 @@ fi
 if [ "$status" != 0 ]; then
     exit "$status"
 fi
+echo "== chaos soak (short)"
+# 50 drains of every kind (graceful, abort, force, crash, coordinator and router restarts,
+# stubborn and daemonizing children, joined calls, hostile requests) under streaming load,
+# each checked against ground truth; non-zero when any was not (bench/soak.py).
+.venv/bin/python -m bench.soak --drains 50 --max-seconds 170 --quiet
 echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers)"
 bash scripts/engines.sh
 .venv/bin/pytest -m engine tests/engines
