@@ -50,6 +50,9 @@ _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
      "named pipe that wakes every worker at once: auto (default), off, or a path"),
     ("--engine-metrics-url", "engine_metrics_url", str,
      "Prometheus endpoint of an adopted engine: its in-flight requests hold the migration"),
+    ("--engine", "engine", str,
+     "the engine's profile: vllm, sglang, dynamo, trtllm, tgi or generic (default): adoption "
+     "patterns, kill tiers and in-flight probe for an engine that does not register"),
     ("--confine-to-pid", "confine_to_pid", int,
      "only register or adopt processes descending from this PID"),
     ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),

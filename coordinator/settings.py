@@ -12,9 +12,10 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from coordinator.engines import PROFILES, EngineName
 from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
 from coordinator.kill.tier_text import parse_tiers
@@ -90,6 +91,10 @@ class Settings(BaseSettings):
     because anyone who can reach the port could drain and kill the pod. Turn it on only on
     a network nobody else reaches."""
 
+    engine: EngineName = "generic"
+    """The engine next to this coordinator (``coordinator.engines``): its profile fills in the
+    adoption patterns, the kill tiers of adopted trees and the in-flight probe, wherever
+    those are not given. ``generic``: none of that; children before parents."""
     adopt_pids: Annotated[list[int], NoDecode] = Field(default_factory=list)
     """PIDs of process trees to drain although they never register (unmodified engines)."""
     adopt_patterns: Annotated[list[str], NoDecode] = Field(default_factory=list)
@@ -192,6 +197,21 @@ class Settings(BaseSettings):
         for pattern in value:
             patterns.compile_pattern(pattern)
         return value
+
+    @model_validator(mode="after")
+    def _engine_profile(self) -> Settings:
+        """What the operator left unset, from the engine's profile."""
+        profile = PROFILES[self.engine]
+        given = self.model_fields_set
+        if "adopt_patterns" not in given and profile.adopt_patterns:
+            self.adopt_patterns = list(profile.adopt_patterns)
+        if "adopt_tiers" not in given and profile.tiers:
+            self.adopt_tiers = list(profile.tiers)
+        if "engine_metrics_url" not in given and profile.metrics_url:
+            self.engine_metrics_url = profile.metrics_url
+        if "engine_inflight_metrics" not in given and profile.inflight_metrics:
+            self.engine_inflight_metrics = list(profile.inflight_metrics)
+        return self
 
     @field_validator("log_level")
     @classmethod

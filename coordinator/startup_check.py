@@ -95,6 +95,7 @@ def effective(settings: Settings) -> dict[str, Any]:
                           termination_share=settings.termination_share,
                           min_drain_s=settings.min_drain_s)
     return {
+        "engine": settings.engine,
         "budget_s": round(budget.total_s, 3),
         "migration_s": round(budget.migration_s, 3),
         "termination_s": round(budget.termination_s, 3),

