@@ -243,14 +243,20 @@ def check_coordinator_service(r: Rendered) -> None:
         assert labels.get(key) == value
 
 
+def effective_settings(r: Rendered) -> Settings:
+    """The settings ``serve`` runs with for this variant (its engine profile applied)."""
+    fields = {name[len(ENV_PREFIX):].lower(): value for name, value in r.settings.items()}
+    fields.pop("token_file", None)  # read by the posture check only
+    return Settings(**fields)  # type: ignore[arg-type]
+
+
 def check_adoption(r: Rendered) -> None:
-    """Adoption patterns match the engine's command line and never the hook or coordinator."""
-    raw = r.settings.get("SHUTDOWN_COORDINATOR_ADOPT_PATTERNS")
-    if r.variant.engine.startswith("adopted"):
-        assert raw, "an unmodified engine is drained only if it is adopted"
-    if not raw:
-        return
-    patterns = [re.compile(p.strip()) for p in raw.split(",") if p.strip()]
+    """The engine is adopted (every overlay runs a stock engine command): the adoption
+    patterns in effect (the profile's, or the overlay's own) match the engine's command line
+    and never the hook or the coordinator."""
+    raw = effective_settings(r).adopt_patterns
+    assert raw, "an unmodified engine is drained only if it is adopted"
+    patterns = [re.compile(p) for p in raw]
     engine = shlex.join([*(r.engine.get("command") or []), *(r.engine.get("args") or [])])
     never = [
         shlex.join(r.engine["lifecycle"]["preStop"].get("exec", {}).get("command") or []),
@@ -261,6 +267,14 @@ def check_adoption(r: Rendered) -> None:
     for line in never:
         if line:
             assert not any(p.search(line) for p in patterns), f"{raw!r} matches {line!r}"
+
+
+def check_engine_profile(r: Rendered) -> None:
+    """The overlay names its engine's profile, so the adopted tree is stopped in the order
+    that engine needs (its tiers) and its in-flight requests are waited for."""
+    settings = effective_settings(r)
+    assert settings.engine != "generic", "no engine profile: children-first order"
+    assert settings.adopt_tiers, f"profile {settings.engine} gives no tiers"
 
 
 def check_secure_start(r: Rendered) -> None:
@@ -291,5 +305,6 @@ CHECKS: dict[str, Callable[[Rendered], None]] = {
     "metrics": check_metrics,
     "coordinator-service": check_coordinator_service,
     "adoption": check_adoption,
+    "engine-profile": check_engine_profile,
     "secure-start": check_secure_start,
 }

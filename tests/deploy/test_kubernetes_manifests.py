@@ -121,6 +121,9 @@ def _broken(rendered: Rendered, change: str) -> Rendered:
     elif change == "adoption":
         config = broken.named("ConfigMap", _config_name(broken))
         config["data"]["SHUTDOWN_COORDINATOR_ADOPT_PATTERNS"] = "python3"
+    elif change == "engine-profile":
+        config = broken.named("ConfigMap", _config_name(broken))
+        del config["data"]["SHUTDOWN_COORDINATOR_ENGINE"]
     elif change == "secure-start":
         config = broken.named("ConfigMap", _config_name(broken))
         del config["data"]["SHUTDOWN_COORDINATOR_TOKEN_FILE"]
