@@ -221,8 +221,11 @@ class Soak:
         self.args = args
         self.fleet = fleet
         self.http = http
-        self.began = time.monotonic()
-        self.deadline = self.began + args.max_seconds
+        self.created = time.monotonic()
+        self.began = self.created
+        """When the first drain could start (the fleet was up)."""
+        self.deadline = self.created + args.max_seconds
+        """``--max-seconds`` counts from before the fleet starts: it bounds the whole run."""
         self.schedule = Schedule(kinds, random.Random(args.seed), args.drains, self.deadline,
                                  restart_pod=args.pods - 1)
         self.slots = Slots(args.parallel)

@@ -111,7 +111,8 @@ def report(args: argparse.Namespace, soak: Soak, kinds: list[Kind]) -> int:
     rows.append(["total", *(str(totals[c]) for c in COLUMNS[1:-1]), ""])
     elapsed = time.monotonic() - soak.began
     print(f"\nchaos soak: {len(results)} drains of {args.drains} asked for in {elapsed:.0f} s "
-          f"(seed {args.seed}, {args.pods} pods, up to {args.parallel} draining at once, "
+          f"(after {soak.began - soak.created:.0f} s to start the fleet; "
+          f"seed {args.seed}, {args.pods} pods, up to {args.parallel} draining at once, "
           f"{args.streams} streams x {args.max_tokens} tokens per drain)")
     print(_table(rows))
     print("lost: streams without [DONE], where the router watches the coordinators; lost*: the "

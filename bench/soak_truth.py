@@ -172,8 +172,17 @@ def expected_outcome(truth: Mapping[int, Ending], fates: Mapping[int, str], *,
                      force: bool) -> str:
     """The outcome the truth calls for, given the fates the summary chose where the truth
     allows two (``coordinator/drain/outcome.py``'s rules, from the other side)."""
-    found = {_finding(ending, fates.get(pid), force=force) for pid, ending in truth.items()}
+    found = {_finding(ending, _fate(ending, fates.get(pid)), force=force)
+             for pid, ending in truth.items()}
     return next((word for word in PRECEDENCE if word in found), "graceful")
+
+
+def _fate(ending: Ending, said: str | None) -> str | None:
+    """The fate to judge by: the summary's where the truth allows it, else the truth's own
+    when it allows only one."""
+    if said in ending.fates or len(ending.fates) != 1:
+        return said
+    return next(iter(ending.fates))
 
 
 def _finding(ending: Ending, fate: str | None, *, force: bool) -> str | None:
