@@ -7,7 +7,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -194,52 +193,3 @@ def test_unmodified_vllm_adopted_with_its_tiers_stops_without_escalation(
     assert_tiered_graceful_stop(drain(coordinator, tmp_path, "vllm-adopted-tiered"), vllm,
                                 before)
 
-
-def test_unmodified_vllm_with_its_engine_profile_finishes_its_stream_then_stops_cleanly(
-    janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
-) -> None:
-    """1. start vLLM's own OpenAI server (unmodified, default --shutdown-timeout 0: a SIGTERM
-    aborts what it runs) and a coordinator with ``--engine vllm`` (the profile's tiers) and
-    vLLM's own /metrics as the in-flight probe;
-    2. open a long streaming completion and, once its first token arrived, start the drain;
-    3. the stream ends whole (``finish_reason`` "length", every token, then [DONE]), before
-       the drain left migrating (the client's clock against the drain's timeline);
-    4. every process of the tree exited after SIGTERM, EngineCore in the profile's tier, the
-       API server with 0, vLLM logged no escalation, nothing is left."""
-    vllm = start_vllm(janitor, tmp_path, tiny_model)
-    before = tree(vllm.proc.pid)
-    coordinator = start_coordinator(
-        janitor, tmp_path, "--engine", "vllm",
-        "--adopt-pattern", f"vllm\\.entrypoints\\.openai\\.api_server .*{pattern_for(tiny_model)}",
-        "--engine-metrics-url", vllm.url + "/metrics",
-        "--grace-period", "90", "--safety-margin", "5", "--tier-timeout", "20",
-        "--scan-interval", "0.5",
-    )
-    wait_for(lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
-             timeout=60, what="the coordinator lists the whole vLLM tree")
-    max_tokens = 400
-    chunks: list[dict[str, Any]] = []
-    done_at: list[float] = []
-    with httpx.stream("POST", vllm.url + "/v1/completions", timeout=180, json={
-            "model": vllm.served_model, "prompt": prompt(6), "max_tokens": max_tokens,
-            "ignore_eos": True, "stream": True}) as response:
-        lines = response.iter_lines()
-        for line in lines:
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
-                break
-        with coordinator.client() as client:
-            assert client.post("/drain", json={"wait": False}).status_code == 202
-        for line in lines:
-            if line == "data: [DONE]":
-                done_at.append(time.time())
-                break
-            if line.startswith("data: {"):
-                chunks.append(json.loads(line[6:]))
-    assert done_at, "the stream was cut"
-    # "length": all max_tokens were generated (an abort would say "abort", or cut the stream).
-    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
-    summary = drain(coordinator, tmp_path, "vllm-profile")
-    terminating = next(t["at"] for t in summary["timeline"] if t["phase"] == "terminating")
-    assert done_at[0] <= terminating
-    assert_tiered_graceful_stop(summary, vllm, before)
