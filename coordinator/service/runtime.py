@@ -360,15 +360,15 @@ class Coordinator:
         if phase is Phase.TERMINATING:
             raise DrainConflict(f"cannot register a worker while {phase}")
         found = identity.vet(body.pid, body.start_time, self.settings.confine_to_pid)
+        if phase is Phase.DONE:
+            self.state.admit(found)  # the finished cycle's workers are forgotten first
+            phase = self.machine.phase
         if (self.registry.find(found.pid, found.start_time) is None
                 and len(self.registry.workers) >= self.settings.max_workers):
             raise LimitReached(
                 "max_workers", f"{len(self.registry.workers)} workers are registered, the "
                 f"limit (--max-workers); exited ones are forgotten "
                 f"{self.settings.expire_after_s:g} s after they exit")
-        if phase is Phase.DONE:
-            self.state.admit(found)
-            phase = self.machine.phase
         tiers = tuple(
             TierSpec(
                 name=t.name, pattern=t.pattern, roles=tuple(t.roles),
