@@ -22,6 +22,7 @@ import asyncio
 import shutil
 import sys
 import tempfile
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from typing import Any
 import httpx
 
 from coordinator.local_stack import LocalStack, Pod
+from coordinator.service.render import table
 from coordinator.streaming_load import ClientStream, StreamingLoad
 
 PASSED = 0
@@ -164,11 +166,11 @@ def _drain(pod: Pod) -> dict[str, Any]:
     return data
 
 
-def _offset(at: float | None, origin: float | None) -> str:
+def _offset(at: float | None, origin: float | None) -> str | None:
     """``at`` as milliseconds after ``origin`` (the kill's first signal)."""
     if at is None or origin is None:
-        return "-"
-    return f"+{(at - origin) * 1000:.0f} ms"
+        return None
+    return f"+{(at - origin) * 1000:.0f}"
 
 
 def _print_report(tally: Tally, stats: dict[str, Any], summary: dict[str, Any], pod: Pod,
@@ -189,20 +191,18 @@ def _print_report(tally: Tally, stats: dict[str, Any], summary: dict[str, Any], 
         print(f"  +{(entry['at'] - start) * 1000:8.1f} ms  {entry['phase']:<12}{note}")
 
     roles = pod.roles()
-    print("\nprocesses of pod 0, in the order they ended")
+    print("\nprocesses of pod 0, in the order they ended (ms after the kill's first signal)")
     first = min((p["signalled_at"] for p in summary.get("processes", [])
                  if p.get("signalled_at")), default=None)
-    print(f"  {'PID':>7}  {'ROLE':<14} {'FATE':<9} {'SIGNAL':<8} {'SIGNALLED':>9} "
-          f"{'ENDED':>9} {'TOOK':>8}  EXIT")
     processes = sorted(summary.get("processes", []),
                        key=lambda p: (p.get("ended_at") or float("inf"), p["pid"]))
-    for p in processes:
-        after = f"{p['elapsed_ms']:.0f} ms" if p.get("elapsed_ms") is not None else "-"
-        code = "?" if p.get("exit_code") is None else str(p["exit_code"])
-        role = roles.get(p["pid"], p.get("role") or p.get("name") or "?")
-        print(f"  {p['pid']:>7}  {role:<14} {p['fate']:<9} {p.get('signal') or '-':<8} "
-              f"{_offset(p.get('signalled_at'), first):>9} {_offset(p.get('ended_at'), first):>9} "
-              f"{after:>8}  {code}")
+    rows = [[p["pid"], roles.get(p["pid"], p.get("role") or p.get("name") or "?"), p["fate"],
+             p.get("signal"), _offset(p.get("signalled_at"), first),
+             _offset(p.get("ended_at"), first),
+             None if p.get("elapsed_ms") is None else f"{p['elapsed_ms']:.0f}",
+             "?" if p.get("exit_code") is None else p["exit_code"]] for p in processes]
+    print(textwrap.indent(table(["pid", "role", "fate", "signal", "signalled", "ended",
+                                 "took ms", "exit"], rows), "  "))
     print(f"  engine main process exit status: {main_exit}")
     records = pod.engine.records()
     unfinished = [r for r in records if r.get("cleanup") != "finished"]

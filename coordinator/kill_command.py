@@ -90,15 +90,14 @@ def exit_code(report: KillReport) -> int:
 
 
 def render(report: KillReport) -> str:
-    """The report as a table, in the order processes were terminated."""
-    lines = [f"{'PID':>7}  {'DEPTH':>5}  {'FATE':<9} {'SIGNAL':<8} {'AFTER':>9}  {'EXIT':>5}  "
-             "COMMAND"]
-    for p in sorted(report.processes, key=lambda p: (p.ended_at or float("inf"), p.pid)):
-        after = f"{p.elapsed_ms:.0f} ms" if p.elapsed_ms is not None else "-"
-        code = "?" if p.exit_code is None else str(p.exit_code)
-        command = (p.cmdline or p.name)[:60]
-        lines.append(f"{p.pid:>7}  {p.depth:>5}  {p.fate.value:<9} {p.signal or '-':<8} "
-                     f"{after:>9}  {code:>5}  {command}")
+    """The report as a table (the ``status`` table style), in the order processes ended."""
+    from coordinator.service.render import table
+
+    rows = [[p.pid, p.depth, p.fate.value, p.signal, None if p.elapsed_ms is None
+             else f"{p.elapsed_ms:.0f}", "?" if p.exit_code is None else p.exit_code,
+             (p.cmdline or p.name)[:60]]
+            for p in sorted(report.processes, key=lambda p: (p.ended_at or float("inf"), p.pid))]
+    lines = [table(["pid", "depth", "fate", "signal", "after ms", "exit", "command"], rows)]
     counts = ", ".join(f"{n} {fate}" for fate, n in report.counts().items() if n)
     lines.append(f"{len(report.processes)} processes: {counts} "
                  f"({report.mode}, exits seen by {report.exit_detection})")
