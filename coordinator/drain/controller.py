@@ -75,8 +75,9 @@ class Fleet(Protocol):
 
     def migration_settled(self) -> bool:
         """Every worker reported zero in-flight since the drain started (or was not
-        connected to hear of it, or disconnected, or exited) and every handoff is
-        acknowledged."""
+        connected to hear of it, or disconnected, or exited; one that was connected when a
+        restarted coordinator last saved its state has connected again) and every handoff
+        is acknowledged."""
 
     def prekill_settled(self, worker_ids: list[str]) -> bool:
         """Every one of these workers reported ``prekill_done`` (or exited, or disconnected)."""

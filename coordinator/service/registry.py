@@ -73,6 +73,11 @@ class Worker:
     """Its stream was open when the drain started and it has not reported its in-flight
     count since: until it does (or disconnects, or exits) the migrating phase holds."""
     handed_back: int = 0
+    reconnect_awaited: bool = False
+    """Restored from the state file of a coordinator that went away while the worker's
+    stream was open: until the worker connects again (or exits), the drain waits for it, so
+    it still hears of the drain and of the kill (its pre-kill hook, e.g. a watchdog standing
+    down) before its processes are signalled."""
     exited_at: float | None = None
     exit_code: int | None = None
     """How its process ended, read from its pidfd the moment it exited (subprocess
@@ -110,6 +115,8 @@ class Worker:
     def to_record(self) -> dict[str, Any]:
         data = self.to_status()
         data.update(
+            # A worker still awaited after one restart is awaited after the next one too.
+            connected=self.connected > 0 or self.reconnect_awaited,
             start_time=self.start_time,
             include_tree=self.include_tree,
             tiers=[
@@ -138,6 +145,8 @@ class Worker:
             inflight=data.get("inflight"), prekill_done=bool(data.get("prekill_done", False)),
             handed_back=int(data.get("handed_back", 0)), exited_at=data.get("exited_at"),
             exit_code=data.get("exit_code"),
+            reconnect_awaited=bool(data.get("connected"))
+            and data.get("state", WorkerState.SERVING.value) != WorkerState.EXITED.value,
         )
 
     def ended_before_the_kill(self) -> ProcessOutcome:

@@ -429,6 +429,7 @@ class Coordinator:
 
     def stream_opened(self, worker: Worker) -> None:
         worker.connected += 1
+        worker.reconnect_awaited = False
         self.bump()
 
     def stream_closed(self, worker: Worker) -> None:
@@ -496,7 +497,8 @@ class Coordinator:
         waiting: list[str] = []
         for worker in self.registry.alive():
             worker.state = WorkerState.TERMINATING
-            if self.notifier.connected(worker.id) and not worker.prekill_done:
+            if not worker.prekill_done and (self.notifier.connected(worker.id)
+                                            or worker.reconnect_awaited):
                 waiting.append(worker.id)
         self.bump()
         return waiting
@@ -506,13 +508,14 @@ class Coordinator:
             return False
         if self.engine_probe is not None and not self.engine_probe.settled:
             return False
-        return all(not w.inflight and not w.awaiting_report for w in self.registry.alive())
+        return all(not w.inflight and not w.awaiting_report and not w.reconnect_awaited
+                   for w in self.registry.alive())
 
     def prekill_settled(self, worker_ids: list[str]) -> bool:
         for worker_id in worker_ids:
             worker = self.registry.workers.get(worker_id)
             if (worker is not None and worker.alive and not worker.prekill_done
-                    and self.notifier.connected(worker_id)):
+                    and (self.notifier.connected(worker_id) or worker.reconnect_awaited)):
                 return False
         return True
 

@@ -14,6 +14,8 @@ import httpx
 import psutil
 import pytest
 
+from coordinator.sim.launcher import start_engine
+from tests.engines.stack import free_port
 from tests.service.servers import FAST, Running, register, start_coordinator
 from tests.service.trees import start_tree
 from tests.support.processes import ProcessJanitor, wait_for
@@ -310,3 +312,43 @@ def test_failing_writes_show_and_the_drain_still_ends_its_processes(
     assert metric(running, "shutdown_coordinator_state_write_failures_total") >= 1
     assert state.is_dir()
     stop_with_sigterm(running)
+
+
+def test_a_restart_mid_drain_waits_for_the_worker_to_hear_of_it_again(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. a simulated engine registered through worker_client, whose main process SIGKILLs
+    its whole tree when a child dies unless its pre-kill hook stood that watchdog down;
+    2. a drain held in draining (``--min-drain 3``), the coordinator SIGKILLed there (its
+    state file says draining), then started again on the same port and state file;
+    3. the resumed drain waits for the worker to connect again before it goes on, so the
+    worker's pre-kill hook runs before its children are signalled: every process finishes
+    its cleanup and exits 0 (their own records, the main process's wait status) and the
+    summary is graceful. (Without the wait, the kill could start while the worker was still
+    reconnecting: a child's SIGTERM then trips the watchdog and the tree dies of SIGKILL.)"""
+    state = tmp_path / "state.json"
+    port = str(free_port())
+    args = [*FAST, "--port", port, "--min-drain", "3", "--state-file", str(state)]
+    first = start_coordinator(janitor, tmp_path, *args, name="first")
+    engine = start_engine(janitor.spawn, tmp_path / "records", schedulers=2, watchdog=True,
+                          graceful_main=True, teardown_s=0.1, coordinator=first.url)
+    wait_for(lambda: any(w["pid"] == engine.pid and w["connected"]
+                         for w in first.status()["workers"]), what="the engine connected")
+    with first.client() as client:
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+    wait_for(lambda: json.loads(state.read_text())["phase"] == "draining",
+             what="draining, on disk")
+    first.proc.send_signal(signal.SIGKILL)
+    first.proc.wait(timeout=30)
+
+    second = start_coordinator(janitor, tmp_path, *args, name="second")
+    with second.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.proc.wait(timeout=60) == 0
+    records = {r["pid"]: r for r in engine.records()}
+    assert sorted(records) == sorted(p.pid for p in engine.processes)
+    assert {(r["cleanup"], r["exit_code"]) for r in records.values()} == {("finished", 0)}
+    assert any(t["note"] == "resumed" for t in summary["timeline"])
+    assert summary["outcome"] == "graceful", summary["drain"]["causes"]
+    assert not [pid for pid in records if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != "zombie"]
