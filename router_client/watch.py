@@ -10,7 +10,9 @@ acknowledgement often reaches the coordinator before the worker's handoff report
 router reads the handed-back event from the stream first); the coordinator answers it
 ``early``, remembers it and applies it when the report lands. A coordinator that answers
 ``unknown`` instead (one without early acknowledgements) gets the ack again as soon as the
-request shows up in ``migrations``; acking twice is harmless either way.
+request shows up in ``migrations``; acking twice is harmless either way. So does a coordinator
+that lists a request this router already acknowledged: it forgot the acknowledgement (it was
+restarted before it saved it), and without a second one would count the request lost.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ LONG_POLL_S = 20.0
 """How long the coordinator may hold one ``/status`` long-poll (s); below common idle timeouts."""
 RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 2.0
+ACKED_KEPT = 10_000
+"""Request ids acknowledged to one coordinator that are remembered (the newest), so one listed
+again after that coordinator's restart is acknowledged again."""
 ACK_WINDOW_S = 0.005
 """Acks to one coordinator are gathered this long (s) and sent as one call: a draining pod
 hands back its requests within a few ms, and one ack call per request would load the
@@ -51,6 +56,16 @@ class CoordinatorView:
     """time.monotonic() of the last answer."""
     pending_acks: set[str] = field(default_factory=set)
     """Acks the coordinator did not know yet (the handoff report was still on its way)."""
+    acked: dict[str, None] = field(default_factory=dict)
+    """Ids the coordinator took (``acked`` or ``early``), oldest first, at most
+    ``ACKED_KEPT``."""
+
+    def took(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
+            self.acked.pop(request_id, None)
+            self.acked[request_id] = None
+        while len(self.acked) > ACKED_KEPT:
+            del self.acked[next(iter(self.acked))]
 
     @property
     def phase(self) -> str | None:
@@ -218,6 +233,7 @@ class Watcher:
         done = [*(answer.get("acked") or ()), *(answer.get("early") or ())]
         view.pending_acks.update(answer.get("unknown") or ())
         view.pending_acks.difference_update(done)
+        view.took(done)
         return done
 
     # -- the long-poll ----------------------------------------------------------------------
@@ -249,11 +265,12 @@ class Watcher:
                 await self._after_change(view)
 
     async def _after_change(self, view: CoordinatorView) -> None:
-        if view.pending_acks:
+        if view.pending_acks or view.acked:
             listed = {m.get("request_id") for m in view.migrations()}
-            due = [r for r in view.pending_acks if r in listed]
+            # Pending: not known to it yet. Acked before: it forgot (restarted unsaved).
+            due = [r for r in listed if r in view.pending_acks or r in view.acked]
             if due:
-                await self._ack(view, due)
+                await self._ack(view, [str(r) for r in due])
         async with self._changed:
             self._changed.notify_all()
 

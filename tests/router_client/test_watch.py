@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import signal
 from pathlib import Path
 
 import httpx
 
 from router_client import Watcher
+from tests.engines.stack import free_port
 from tests.service.servers import FAST, register, start_coordinator
 from tests.service.trees import start_tree
-from tests.support.processes import ProcessJanitor
+from tests.support.processes import ProcessJanitor, wait_for
 
 
 async def test_watcher_sees_the_drain_and_acks_early_and_late_handoffs_in_one_call(
@@ -45,3 +48,47 @@ async def test_watcher_sees_the_drain_and_acks_early_and_late_handoffs_in_one_ca
     assert summary["migrations"] == []
     counts = summary["migration_counts"]
     assert (counts["handed_back"], counts["acked"], counts["expired"]) == (2, 2, 0)
+
+
+async def test_an_ack_a_restarted_coordinator_forgot_is_sent_again(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. A draining coordinator with a state file and a registered worker; the router
+       acknowledges r9 before its handoff is reported (answered ``early``).
+    2. The coordinator is SIGKILLed before it saved that acknowledgement (the state file is
+       left as such a crash leaves it: without the early ack) and started again on the same
+       port and file.
+    3. The worker reports r9: the restarted coordinator lists it as waiting for a router;
+       the Watcher, having acknowledged r9 already, acknowledges it again.
+    4. Nothing expires: the drain ends graceful with 1 handed back, 1 acknowledged, 0 lost
+       (without the second ack, r9 would expire at the migration deadline, counted lost,
+       though the router continued it)."""
+    state = tmp_path / "state.json"
+    args = [*FAST, "--grace-period", "60", "--port", str(free_port()), "--state-file",
+            str(state)]
+    first = start_coordinator(janitor, tmp_path, *args, name="first")
+    worker = register(first, start_tree(janitor, tmp_path, children=1)["pid"], url="http://w1")
+    async with httpx.AsyncClient(timeout=30) as http, Watcher(
+            {"http://w1": first.url}) as watcher:
+        report = f"{first.url}/workers/{worker['id']}/report"
+        await http.post(report, json={"inflight": 1})
+        assert (await http.post(f"{first.url}/drain", json={"wait": False})).status_code == 202
+        assert await watcher.wait_for(lambda: watcher.is_draining("http://w1"), 30)
+        assert await watcher.ack(["r9"]) == ["r9"]
+        wait_for(lambda: json.loads(state.read_text())["migrations"]["early"],
+                 what="the early ack on disk")
+        first.proc.send_signal(signal.SIGKILL)
+        first.proc.wait(timeout=30)
+        document = json.loads(state.read_text())
+        document["migrations"]["early"] = []  # what a crash before the write leaves
+        state.write_text(json.dumps(document))
+
+        second = start_coordinator(janitor, tmp_path, *args, name="second")
+        await http.post(report, json={"handoffs": [{"request_id": "r9", "tokens": 4}],
+                                      "inflight": 0})
+        summary = (await http.get(f"{second.url}/drain", timeout=60)).json()
+    assert summary["phase"] == "done"
+    counts = summary["migration_counts"]
+    assert (counts["handed_back"], counts["acked"], counts["expired"]) == (1, 1, 0)
+    assert summary["drain"]["lost_requests"] == 0
+    assert summary["outcome"] == "graceful", summary["drain"]["causes"]
