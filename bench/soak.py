@@ -76,6 +76,7 @@ from coordinator.streaming_load import ClientStream, StreamingLoad
 LOAD_TIMEOUT_S = 120.0
 CYCLE_TIMEOUT_S = 180.0
 FLOWING_TIMEOUT_S = 60.0
+KEEPALIVE_S = 1.0
 
 
 @dataclass
@@ -234,6 +235,7 @@ class Soak:
         self.resources = Resources()
         self.router_stats: list[dict[str, Any]] = []
         self.fatal: list[str] = []
+        self.stopped_by: signal.Signals | None = None
 
     # -- the pods' loops ------------------------------------------------------------------
 
@@ -413,11 +415,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 async def soak(args: argparse.Namespace, workdir: Path) -> int:
     kinds = [KINDS[name] for name in args.kinds.split(",")]
     fleet = Fleet(workdir, args.pods, args.unit)
-    limits = httpx.Limits(max_connections=256)
+    # Idle connections are dropped well before the coordinators' keep-alive timeout (5 s):
+    # a request sent on one the server is closing at that moment would fail unanswered.
+    limits = httpx.Limits(max_connections=256, keepalive_expiry=KEEPALIVE_S)
     try:
         async with httpx.AsyncClient(headers=fleet.headers, timeout=30.0,
                                      limits=limits) as http:
             soak_run = Soak(args, fleet, http, kinds)
+            stop_on_signals(soak_run)
             first = [soak_run.schedule.reserve(i) for i in range(args.pods)]
             await asyncio.to_thread(fleet.start, [k.knobs if k else {} for k in first])
             for pod in fleet.pods:
@@ -434,9 +439,32 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
                 soak_run.resources.note_cpu("coordinators", pod.coordinator.proc.pid)
             if fleet.stack.router is not None:
                 soak_run.resources.note_cpu("the router", fleet.stack.router.pid)
-            return report(args, soak_run, kinds)
+            code = report(args, soak_run, kinds)
+            if soak_run.stopped_by:
+                print(f"stopped early by {soak_run.stopped_by.name}", file=sys.stderr)
+                return 128 + soak_run.stopped_by
+            return code
     finally:
         await fleet.close()
+
+
+def stop_on_signals(soak_run: Soak) -> None:
+    """SIGTERM or SIGINT: start no new drain, finish those running, report, end everything.
+    A second one: stop at once (every process is still ended)."""
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def stop(signum: signal.Signals) -> None:
+        if soak_run.stopped_by is not None and task is not None:
+            task.cancel()
+            return
+        soak_run.stopped_by = signum
+        soak_run.deadline = soak_run.schedule.deadline = time.monotonic()
+        print(f"{signum.name}: finishing the drains under way (again: stop now)",
+              file=sys.stderr, flush=True)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop, signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -446,33 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     become_subreaper()
     workdir = Path(tempfile.mkdtemp(prefix="shutdown-coordinator-soak-"))
     code = 1
-    loop_task: asyncio.Task[int] | None = None
-
-    async def run() -> int:
-        nonlocal loop_task
-        loop_task = asyncio.current_task()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, _cancel, loop_task)
-        return await soak(args, workdir)
-
     try:
-        code = asyncio.run(run())
-    except KeyboardInterrupt:
-        print("interrupted: every process the soak started was ended", file=sys.stderr)
+        code = asyncio.run(soak(args, workdir))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("stopped: every process the soak started was ended", file=sys.stderr)
         code = 130
-    except asyncio.CancelledError:
-        print("terminated: every process the soak started was ended", file=sys.stderr)
-        code = 143
     finally:
         if args.keep or code != 0:
             print(f"logs and records kept in {workdir}", file=sys.stderr)
         else:
             shutil.rmtree(workdir, ignore_errors=True)
     return code
-
-
-def _cancel(task: asyncio.Task[int] | None) -> None:
-    if task is not None:
-        task.cancel()
 
 
 if __name__ == "__main__":
