@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.kill import membership, procfs, safety
-from coordinator.kill.report import ProcessOutcome
+from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service import adoption, identity
 
 log = logging.getLogger(__name__)
@@ -83,20 +84,25 @@ def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
     snap, boot = listing.snap, procfs.boot_time()
     kids = procfs.children_by_parent(snap.values())
 
-    def add(pid: int, root: int, depth: int, role: str | None, detail: str, left: bool) -> None:
+    def add(pid: int, root: int, depth: int, role: str | None, detail: str, left: bool,
+            ended: bool = False) -> None:
         stat = snap[pid]
-        if pid in listing.processes or stat.zombie:
+        if pid in listing.processes or (stat.zombie and not ended):
             return
         listing.processes[pid] = ProcessOutcome(
             pid=pid, name=stat.name, start_time=stat.start_time(boot),
             cmdline=procfs.cmdline(pid), root_pid=root, parent_pid=stat.ppid, depth=depth,
             role=role, detail=detail)
+        if stat.zombie and stat.exit_status is not None:
+            # A zombie holds its PID, so the exit status /proc shows is this process's.
+            listing.processes[pid].fate = Fate.GONE
+            listing.processes[pid].exit_code = os.waitstatus_to_exitcode(stat.exit_status)
         if left:
             listing.left.add(pid)
 
     def add_tree(pid: int, root: int, depth: int, role: str | None, detail: str,
-                 left: bool = False) -> None:
-        add(pid, root, depth, role, detail, left)
+                 left: bool = False, ended: bool = False) -> None:
+        add(pid, root, depth, role, detail, left, ended)
         for child, below in procfs.descendants(pid, snap, kids):
             add(child, root, depth + below, None, LEFT_TREE if detail else "", left)
 
@@ -125,9 +131,15 @@ def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
             continue
         for leader, what in ((stat.sid, "session"), (stat.pgid, "process group")):
             if leader in leaders and leader != stat.pid:
+                if stat.zombie and leader not in gone:
+                    break  # a live root's child that just exited: its parent reaps it
                 verb = "led (its worker exited)" if leader in gone else "leads"
+                # An exited worker's child that died with it and was never listed (started
+                # after the last scan) is listed as ended while it is a zombie: the drain's
+                # summary must name it with how it ended.
                 add_tree(stat.pid, leader, 1, None, f"left its tree; in the {what} its root "
-                         f"{leader} {verb}")
+                         f"{leader} {verb}" + (" (ended, not yet reaped)" if stat.zombie
+                                               else ""), ended=stat.zombie)
                 break
     adopt, _ = units.search(snap, skip=listing.processes.keys() | protected | roots)
     for found in adopt:

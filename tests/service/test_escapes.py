@@ -150,3 +150,47 @@ def test_the_prestop_hook_in_the_engines_unit_is_not_killed(
         assert sorted(ended) == everything, summary["processes"]
         assert {p["fate"] for p in ended.values()} == {"exited"}
         assert not any(running(pid) for pid in everything)
+
+
+def test_a_child_that_died_with_its_crashed_worker_before_any_scan_is_in_the_summary(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. a worker (its own session) under a subreaper that reaps nothing yet (a slow init);
+    the scan lists the worker, and no periodic scan comes after (an hour apart);
+    2. it starts a child that dies with it (PDEATHSIG), and is SIGKILLed: both are zombies
+    now, the child never listed while it ran;
+    3. the drain's summary names both, ``gone``, each with the exit code /proc holds for it
+    (-9), and judges the drain not graceful; 4. the subreaper then reaps them and exits 0."""
+    keeper = janitor.spawn([sys.executable, "-m", "tests.service.zombie_keeper",
+                            str(tmp_path)], cwd=Path(__file__).resolve().parents[2],
+                           service=True)
+    worker = int(wait_for(lambda: (tmp_path / "worker.pid").exists()
+                          and (tmp_path / "worker.pid").read_text(), what="the worker"))
+    coordinator = start_coordinator(janitor, tmp_path, *FAST, "--scan-interval", "3600")
+    register(coordinator, worker)
+    wait_for(lambda: list(processes(coordinator.status())) == [worker], what="the worker listed")
+    os.kill(worker, signal.SIGUSR1)
+    child = int(wait_for(lambda: (tmp_path / "child.pid").exists()
+                         and (tmp_path / "child.pid").read_text(), what="the child"))
+    os.kill(worker, signal.SIGKILL)
+    wait_for(lambda: zombie_status(child) == signal.SIGKILL, what="the child a zombie")
+    assert zombie_status(worker) == signal.SIGKILL
+    summary = drain(coordinator)
+    ended = processes(summary)
+    assert sorted(ended) == sorted([worker, child]), summary["processes"]
+    assert {pid: (p["fate"], p["exit_code"]) for pid, p in ended.items()} == {
+        worker: ("gone", -9), child: ("gone", -9)}
+    assert summary["outcome"] != "graceful"
+    keeper.send_signal(signal.SIGTERM)
+    assert keeper.wait(timeout=30) == 0
+    assert not running(worker)
+    assert not running(child)
+
+
+def zombie_status(pid: int) -> int | None:
+    """The signal that ended ``pid`` while it is a zombie (from ``/proc/<pid>/stat``)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except FileNotFoundError:
+        return None
+    return int(fields[49]) & 0x7F if fields[0] == "Z" else None
