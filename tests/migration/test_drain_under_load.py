@@ -23,7 +23,7 @@ from tests.migration.stack import (
     start_router,
     summary_is_graceful,
 )
-from tests.support.processes import ProcessJanitor
+from tests.support.processes import ProcessJanitor, wait_for
 
 STREAMS = 64
 MAX_TOKENS = 40
@@ -126,6 +126,12 @@ async def test_engine_crash_mid_drain(janitor: ProcessJanitor, tmp_path: Path) -
     await asyncio.wait_for(load.started.wait(), 120)
     coordinator = pods[0].coordinator
     assert coordinator is not None
+    # A scan has listed the engine's whole tree (a child started after the last scan that
+    # dies with the crash and is reaped before the next one leaves no trace anywhere).
+    pids = sorted(p.pid for p in pods[0].engine.processes)
+    await asyncio.to_thread(wait_for, lambda: sorted(
+        p["pid"] for p in httpx.get(f"{coordinator.url}/status", timeout=30).json()["processes"]
+    ) == pids, what="pod 0's tree listed")
     started = await asyncio.to_thread(
         httpx.post, f"{coordinator.url}/drain", json={"wait": False}, timeout=30)
     assert started.status_code == 202, started.text
