@@ -12,20 +12,22 @@ ground truth.
    (``bench/soak_kinds.py``), each round in a shuffled order, so any run of at least as many
    drains as there are kinds covers them all.
 3. Each pod runs its drains one after another; up to ``--parallel`` pods (default: all but
-   one, so one always serves) drain at once. The kinds that restart the router or may lose
-   requests by design (force, crash) run alone. The coordinator restart runs on the last pod
-   only, so the other coordinators live through the whole run.
+   one, so one always serves) drain at once. The router restart runs alone (no load may
+   start while the router is down). The coordinator restart runs on the last pod only, so
+   the other coordinators live through the whole run.
 4. One drain: a fresh streaming load through the router (every token checked against
    ``expected_tokens``); once it flows, the kind drains the pod its way; the load ends.
-5. Check it from outside the coordinator (``bench/soak_truth.py``): streams lost, tokens
+5. Check it from outside the coordinator (``bench/soak_truth.py``): streams lost (allowed
+   only while a force or crash drain ran: nothing hands their requests back first), tokens
    missing or duplicated, processes of the engine (ready file, end records, daemons, the
    pod's cgroup) still running, and the summary held against each process's own record and
    the exit codes its parent, or this process, saw.
 6. Start a fresh engine on the same port with the next kind's knobs; it registers with the
    same coordinator, which serves again. Sample every long-lived coordinator's RSS and open
    fds.
-7. Stop starting drains after ``--drains`` or ``--max-seconds``; print the table and end
-   every process started, by PID (the kill engine, SIGKILL as the fallback), also on Ctrl-C.
+7. Stop starting drains after ``--drains`` or ``--max-seconds`` (or SIGTERM, Ctrl-C); print
+   the table and end every process started, by PID (the kill engine, SIGKILL as the
+   fallback), also when stopped.
 
 Exit status 0 only when no request was lost where none may be, no token was missing or
 duplicated, no process was left, no summary was untrue, no step failed, every kind ran
@@ -91,6 +93,10 @@ class DrainResult:
     """The whole cycle: load, drain, checks, the next engine up."""
     requests: int = 0
     lost: int = 0
+    """Streams of this drain's load that did not complete, while no force or crash drain
+    ran anywhere."""
+    lost_allowed: int = 0
+    """The same, while a force or crash drain ran (of this pod or another): allowed."""
     tokens_missing: int = 0
     tokens_duplicated: int = 0
     inexact: int = 0
@@ -107,15 +113,21 @@ class DrainResult:
     def mark(self, phase: str) -> None:
         self.phases[phase] = time.monotonic() - self.started
 
-    def findings(self) -> bool:
-        return bool(self.lost or self.tokens_missing or self.tokens_duplicated or self.inexact
-                    or self.left or self.untruthful or self.errors or self.unexpected)
+    def token_damage(self) -> bool:
+        return bool(self.tokens_missing or self.tokens_duplicated or self.inexact)
 
-    def tally(self, streams: list[ClientStream]) -> None:
+    def findings(self) -> bool:
+        return bool(self.lost or self.token_damage() or self.left or self.untruthful
+                    or self.errors or self.unexpected)
+
+    def tally(self, streams: list[ClientStream], *, loss_allowed: bool) -> None:
         self.requests = len(streams)
         for s in streams:
             if not s.done:
-                self.lost += 1
+                if loss_allowed:
+                    self.lost_allowed += 1
+                else:
+                    self.lost += 1
                 continue
             missing, duplicated = s.missing_duplicated()
             self.tokens_missing += missing
@@ -128,6 +140,8 @@ class DrainResult:
         flags += ["UNEXPECTED OUTCOME"] if self.unexpected else []
         flags += [f"{len(self.errors)} errors"] if self.errors else []
         flags += [f"{self.lost} lost"] if self.lost else []
+        flags += [f"tokens {self.tokens_missing} missing, {self.tokens_duplicated} duplicated, "
+                  f"{self.inexact} streams out of order"] if self.token_damage() else []
         steps = " ".join(f"{k} {v:.1f}" for k, v in self.phases.items())
         return (f"[{self.number:5d}] {self.pod} {self.kind:<20} {self.seconds:5.1f} s "
                 f"{self.outcome or '-':<10} {self.requests - self.lost}/{self.requests} streams"
@@ -153,6 +167,8 @@ class Soak:
         self.resources = Resources()
         self.router_stats: list[dict[str, Any]] = []
         self.fatal: list[str] = []
+        self.lossy: list[list[float]] = []
+        """[start, end] of each force or crash drain (end: inf while it runs)."""
         self.stopped_by: signal.Signals | None = None
 
     # -- the pods' loops ------------------------------------------------------------------
@@ -209,17 +225,24 @@ class Soak:
             self.fleet.router_url,
             [f"soak {number} stream {i}: once upon a time" for i in range(self.args.streams)],
             self.args.max_tokens, request_id_prefix=f"soak{number}-", timeout_s=LOAD_TIMEOUT_S)
+        load_began = time.monotonic()
         clients = asyncio.create_task(load.run())
         c = Cycle(self.fleet, pod, engine, number, self.http, errors=result.errors)
         summary: dict[str, Any] | None = None
+        window = [time.monotonic(), float("inf")]
         try:
             await asyncio.wait_for(load.flowing.wait(), FLOWING_TIMEOUT_S)
             result.mark("flowing")
+            if kind.may_lose:
+                window[0] = time.monotonic()
+                self.lossy.append(window)
             summary = await asyncio.wait_for(kind.run(c), CYCLE_TIMEOUT_S)
             result.outcome = summary.get("outcome")
         except Exception as exc:  # a finding of this drain; the soak goes on
             c.errors.append(f"{type(exc).__name__}: {exc}")
             await self.recover(pod)
+        finally:
+            window[1] = time.monotonic()
         result.mark("drained")
         self.router_stats += c.router_stats
         main_code = c.main_code
@@ -242,7 +265,8 @@ class Soak:
         result.mark("checked")
 
         async def finish() -> None:
-            result.tally(await clients)
+            streams = await clients
+            result.tally(streams, loss_allowed=self.lossy_during(load_began, time.monotonic()))
             if summary is not None:
                 result.untruthful = check_summary(summary, truth, mode=kind.mode,
                                                   clients_done=result.lost == 0)
@@ -255,6 +279,10 @@ class Soak:
             result.mark("streams done")
 
         return result, finish()
+
+    def lossy_during(self, began: float, ended: float) -> bool:
+        """Whether a force or crash drain ran at some time between ``began`` and ``ended``."""
+        return any(start < ended and end > began for start, end in self.lossy)
 
     def keep_evidence(self, result: DrainResult, summary: dict[str, Any] | None) -> None:
         """The summary of a drain with findings, next to its engine's records."""

@@ -78,7 +78,8 @@ class Kind:
     outcome: str = "graceful"
     """The outcome a drain of this kind calls for."""
     exclusive: bool = False
-    """No other pod drains meanwhile (the router restarts; requests may be lost)."""
+    """No other pod drains meanwhile: the router restarts, and no load may start while it is
+    down."""
     mode: str = NORMAL
     restart_pod_only: bool = False
     """Runs on the pod whose coordinator is not counted as long-lived."""
@@ -382,10 +383,9 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("graceful", graceful, "GET /drain, as the kubelet's preStop hook"),
     Kind("abort", abort, "POST /drain wait=false, DELETE /drain in migrating (the engine "
          "must be untouched and serve), then GET /drain"),
-    Kind("force", force, "POST /drain force=true", outcome="killed", exclusive=True,
-         mode=FORCE),
+    Kind("force", force, "POST /drain force=true", outcome="killed", mode=FORCE),
     Kind("crash", crash, "SIGKILL of the engine's main process in migrating",
-         outcome="signalled", exclusive=True, mode=CRASH),
+         outcome="signalled", mode=CRASH),
     Kind("coordinator_restart", coordinator_restart, "SIGKILL of the coordinator in "
          "migrating, restarted on its state file", restart_pod_only=True),
     Kind("router_restart", router_restart, "the router SIGTERMed and restarted in migrating",
