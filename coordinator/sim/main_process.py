@@ -228,7 +228,8 @@ class EngineMain:
     def handle_signal(self, signum: int) -> None:
         """What SIGTERM (or SIGINT) means for the main process."""
         self.record.signalled(signum)
-        if knob_matches(self.knobs.ignore_sigterm, Role.MAIN) or self.shutting_down:
+        if knob_matches(self.knobs.ignore_sigterm, Role.MAIN) or self.shutting_down \
+                or self._dying:  # the watchdog is killing the tree: its record stands
             return
         self.shutting_down = True
         if not self.knobs.graceful_main:
