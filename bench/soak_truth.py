@@ -134,7 +134,11 @@ def endings(engine: EngineHandle, pids: Iterable[int], main_code: int | None,
             if code is not None:
                 seen_by_parent[int(pid)] = int(code)
     main_record = records.get(engine.pid) or {}
-    watchdog_fired = str(main_record.get("detail", "")).startswith("watchdog")
+    # The main process SIGKILLs its tree and itself when a child exits while its watchdog is
+    # armed: its record says so, or at least that the watchdog was never stood down.
+    watchdog_fired = str(main_record.get("detail", "")).startswith("watchdog") or (
+        main_record.get("watchdog") != "stood_down" and main_code == -signal.SIGKILL
+        and mode == NORMAL)
     out: dict[int, Ending] = {}
     for pid in pids:
         record = records.get(pid) or {}
