@@ -75,7 +75,7 @@ def test_legal_but_doubtful_settings_are_warned_and_the_effective_ones_logged(
     assert ("environment variable SHUTDOWN_COORDINATOR_GRACE_PERIOD names no setting and is "
             "ignored; did you mean SHUTDOWN_COORDINATOR_GRACE_PERIOD_S?") in text
     assert f"--adopt-pid {free_pid}: no such process now" in text
-    assert "settings: budget_s=11.0 migration_s=6.6 termination_s=4.4" in text
+    assert "settings: engine=generic budget_s=11.0 migration_s=6.6 termination_s=4.4" in text
     assert "security: auth OFF; bind 127.0.0.1 (loopback)" in text
     # One log format: uvicorn's own records go through it too.
     assert re.search(r"^\S+ \S+ INFO uvicorn\.error: Started server process", text, re.M)

@@ -192,4 +192,3 @@ def test_unmodified_vllm_adopted_with_its_tiers_stops_without_escalation(
 
     assert_tiered_graceful_stop(drain(coordinator, tmp_path, "vllm-adopted-tiered"), vllm,
                                 before)
-

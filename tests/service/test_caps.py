@@ -158,29 +158,6 @@ def test_long_polls_past_the_cap_are_refused(janitor: ProcessJanitor, tmp_path: 
     assert refusals(running, "max_long_polls") >= 1
 
 
-def test_event_streams_past_the_cap_are_refused(janitor: ProcessJanitor,
-                                                tmp_path: Path) -> None:
-    """1. ``--max-streams-per-worker 1``; 2. a worker's stream is open (its hello read);
-    3. a second stream of the same worker is refused 429; 4. once the first is closed (the
-    coordinator says so), a new one opens."""
-    running = start_coordinator(janitor, tmp_path, "--max-streams-per-worker", "1",
-                                token=TOKEN)
-    worker = register(running, sleeper(janitor))["id"]
-    with running.client(timeout=60) as client:
-        with client.stream("GET", f"/workers/{worker}/events") as first:
-            assert first.status_code == 200
-            assert '"hello"' in next(first.iter_lines())
-            refused(client.get(f"/workers/{worker}/events"), "max_streams_per_worker")
-
-        def reopened() -> bool:
-            if any(w["connected"] for w in running.status()["workers"]):
-                return False
-            with client.stream("GET", f"/workers/{worker}/events") as again:
-                return again.status_code == 200
-
-        assert wait_for(reopened, what="a stream again once the first closed")
-
-
 def test_what_waits_too_long_while_serving_expires(janitor: ProcessJanitor,
                                                    tmp_path: Path) -> None:
     """1. ``--expire-after 0.5``; 2. two handoffs are reported and one unknown id is
