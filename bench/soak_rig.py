@@ -50,9 +50,11 @@ CGROUP_V2 = Path("/sys/fs/cgroup/unified")
 PR_SET_CHILD_SUBREAPER = 36
 STATUS_TIMEOUT_S = 60.0
 ENGINE_START_ATTEMPTS = 3
-COORDINATOR_ARGS = ("--grace-period", "30", "--tier-timeout", "2", "--confirm-timeout", "2",
+COORDINATOR_ARGS = ("--grace-period", "30", "--tier-timeout", "5", "--confirm-timeout", "2",
                     "--prekill-timeout", "2")
-"""The default 25 s budget; short tiers so a SIGTERM-ignoring child costs 2 s, not 10."""
+"""The default 25 s budget; tiers of 5 s, not 10, so a SIGTERM-ignoring child costs less,
+yet long enough for a process to end when the machine stalls for a second or two (with
+2 s, one drain in a thousand needed SIGKILL for a process that had finished its cleanup)."""
 ENGINE_KNOBS: dict[str, Any] = {"graceful_main": True, "token_interval_ms": 20.0,
                                 "teardown_s": 0.05}
 

@@ -13,9 +13,10 @@ Ground truth, never the coordinator's own report:
   what the process meant to exit with: a SIGKILL may still come after it is written);
 - ``/proc`` and the pod's unit (cgroup): nothing may still run after ``done``.
 
-A process whose cleanup finished must be ``exited``. One that did not was ended by a SIGKILL:
-the coordinator's (``killed``), or, in a crash, its parent's death before the drain's kill
-(``gone``); a force drain may report either. The outcome a truthful summary must carry
+A process whose cleanup finished (and that did not die of SIGKILL on its way out after it)
+must be ``exited``. One that did not was ended by a SIGKILL: the coordinator's (``killed``),
+or, in a crash, its parent's death before the drain's kill (``gone``); a force drain may
+report either. The outcome a truthful summary must carry
 follows from the truth the way ``coordinator/drain/outcome.py`` judges it.
 """
 
@@ -46,7 +47,8 @@ class Ending:
     pid: int
     role: str
     clean: bool
-    """Its own record says its cleanup finished after SIGTERM."""
+    """Its own record says its cleanup finished after SIGTERM, and nothing outside saw it
+    die of a signal afterwards."""
     exit_code: int | None
     """As its parent (or this process) saw it; None when unknown."""
     fates: frozenset[str]
@@ -142,11 +144,16 @@ def endings(engine: EngineHandle, pids: Iterable[int], main_code: int | None,
     out: dict[int, Ending] = {}
     for pid in pids:
         record = records.get(pid) or {}
-        clean = record.get("cleanup") == "finished" and "SIGTERM" in record.get("signals", ())
-        # Not the record's own exit_code: a process can be SIGKILLed after writing it.
+        cleaned = record.get("cleanup") == "finished" and "SIGTERM" in record.get("signals", ())
+        # Not the record's own exit_code: a process can be SIGKILLed after writing it, on
+        # its way out (then it ran its cleanup, but did not end in time all the same).
         code = main_code if pid == engine.pid else seen_by_parent.get(pid, reaped.get(pid))
-        out[pid] = Ending(pid, str(record.get("role", "?")), clean, code,
-                          _fates(clean, mode, watchdog_fired), pid == engine.pid)
+        clean = cleaned and (code is None or code >= 0)
+        fates = _fates(clean, mode, watchdog_fired)
+        if cleaned and code is None:  # nobody outside saw how it ended
+            fates |= _fates(False, mode, watchdog_fired)
+        out[pid] = Ending(pid, str(record.get("role", "?")), clean, code, fates,
+                          pid == engine.pid)
     return out
 
 

@@ -3,11 +3,26 @@ made-up drains: what it must accept and what it must call untrue."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from bench.soak_truth import CRASH, FORCE, NORMAL, Ending, _fates, check_summary
+from bench.soak_truth import CRASH, FORCE, NORMAL, Ending, _fates, check_summary, endings
+from coordinator.sim.launcher import EngineHandle
 
 MAIN, CHILD, GRANDCHILD = 100, 101, 102
+
+
+class Ended:
+    """A main process that already ended (what ``EngineHandle`` needs of a ``Popen``)."""
+
+    pid = MAIN
+
+    def poll(self) -> int | None:
+        return 0
+
+    def wait(self, timeout: float | None = None) -> int:
+        return 0
 
 
 def ending(pid: int, *, clean: bool, code: int | None, mode: str = NORMAL,
@@ -63,3 +78,22 @@ def test_lost_requests_claimed_while_every_stream_completed_is_untrue() -> None:
     assert any("2 lost requests claimed" in w
                for w in check_summary(said, truth, mode=NORMAL, clients_done=True))
     assert check_summary(said, truth, mode=NORMAL, clients_done=False) == []
+
+
+def test_a_process_killed_on_its_way_out_after_its_cleanup_is_killed(tmp_path: Path) -> None:
+    """Its record says its cleanup finished, yet its parent saw -9: it did not end in time
+    (a stall after the record was written), and the drain's SIGKILL ended it."""
+    for pid, role, codes in ((MAIN, "main", {str(CHILD): -9}), (CHILD, "scheduler", {})):
+        (tmp_path / f"{role}-{pid}.json").write_text(json.dumps(
+            {"pid": pid, "role": role, "cleanup": "finished", "signals": ["SIGTERM"],
+             "exit_code": 0, "children_exit_codes": codes, "detail": "", "started_at": 1.0}))
+    engine = EngineHandle(proc=Ended(), record_dir=tmp_path, ready={"pid": MAIN})
+    truth = endings(engine, [MAIN, CHILD], 0, {}, NORMAL)
+    assert (truth[CHILD].clean, truth[CHILD].exit_code, truth[CHILD].fates) == (
+        False, -9, frozenset({"killed"}))
+    said = summary("killed", (MAIN, "exited", 0), (CHILD, "killed", -9))
+    assert check_summary(said, truth, mode=NORMAL, clients_done=True) == []
+    said = summary("graceful", (MAIN, "exited", 0), (CHILD, "exited", 0))
+    assert check_summary(said, truth, mode=NORMAL, clients_done=True) == [
+        "scheduler 101: fate exited, truth killed (exit -9)",
+        "scheduler 101: exit code 0, truth -9", "outcome 'graceful', truth 'killed'"]
