@@ -133,6 +133,17 @@ def _ms_after(at: float | None, origin: float | None) -> str | None:
     return f"+{(at - origin) * 1000:.0f}"
 
 
+def short_command(cmdline: str | None, width: int) -> str | None:
+    """A command line for a table column: the program by its base name (an install path says
+    little and would push the arguments that tell processes apart out of the column), then the
+    arguments, cut to ``width`` characters."""
+    if not cmdline:
+        return None
+    program, _, rest = cmdline.partition(" ")
+    short = program.rsplit("/", 1)[-1] + (" " + rest if rest else "")
+    return (short[:width] + "…") if len(short) > width else short
+
+
 def summary_processes(processes: list[dict[str, Any]]) -> str:
     """The processes as a tree: how each one ended (or is running), its tier and signal, when
     it was signalled and ended (ms after the kill's first signal), and why."""
@@ -140,12 +151,11 @@ def summary_processes(processes: list[dict[str, Any]]) -> str:
     rows = []
     for p in _tree_order(processes):
         indent = "  " * min(int(p.get("depth") or 0), 8)
-        command = p.get("cmdline") or ""
         rows.append([
             p["pid"], indent + str(p["name"]), p.get("role"), p.get("tier"), p["fate"],
             p.get("exit_code"), p.get("signal"), _ms_after(p.get("signalled_at"), first),
             _ms_after(p.get("ended_at"), first),
-            (command[:48] + "…") if len(command) > 48 else (command or None),
+            short_command(p.get("cmdline"), 48),
             p.get("detail") or None])
     return table(["pid", "process", "role", "tier", "fate", "exit", "signal", "signalled ms",
                   "ended ms", "command", "detail"], rows)
@@ -156,10 +166,9 @@ def plan_text(plan: dict[str, Any]) -> str:
     rows = []
     for order, tier in enumerate(plan.get("tiers", []), start=1):
         for p in tier["processes"]:
-            command = p.get("cmdline") or ""
             rows.append([order, tier["tier"], f"{tier['timeout_s']:g}s", p["signal"], p["pid"],
                          p["name"], p.get("role"),
-                         (command[:60] + "…") if len(command) > 60 else (command or None)])
+                         short_command(p.get("cmdline"), 60)])
     head = (f"kill plan: {len(plan.get('tiers', []))} tiers, {plan.get('processes', 0)} "
             "processes, in this order (each tier: its signal, then its timeout, then SIGKILL "
             "for what remains)")
