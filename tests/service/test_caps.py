@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from pathlib import Path
@@ -233,3 +234,82 @@ def _zombie(pid: int) -> bool:
             return f.read().rpartition(")")[2].split()[0] == "Z"
     except FileNotFoundError:
         return True
+
+
+def open_stream(running: Running, worker_id: str) -> tuple[socket.socket, bytes]:
+    """Open ``/workers/{id}/events`` on a plain socket, as ``worker_client`` does; returns the
+    socket and what arrived up to the end of the first line after the head (the ``hello``,
+    or a whole refusal)."""
+    host, port = running.url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=30)
+    sock.sendall(f"GET /workers/{worker_id}/events HTTP/1.1\r\nHost: {host}\r\n"
+                 f"Authorization: Bearer {TOKEN}\r\nAccept: application/x-ndjson\r\n\r\n"
+                 .encode())
+    got = b""
+    while b"\r\n\r\n" not in got or (b" 200 " in got.split(b"\r\n", 1)[0]
+                                     and b'"hello"' not in got):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return sock, got
+
+
+def still_open(sock: socket.socket) -> bool:
+    """Nothing to read and no end of stream: the coordinator holds the stream open."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(65536) != b""
+    except BlockingIOError:
+        return True
+    finally:
+        sock.setblocking(True)
+
+
+def test_event_streams_past_the_cap_are_refused_and_those_held_stay_open(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. ``--max-streams-per-worker 2``; 2. a worker opens two event streams on plain
+    sockets: each gets its ``hello`` and stays open, and ``/status`` says it is connected;
+    3. a third is refused 429 naming the setting; 4. one closed, a new one is taken; 5. a
+    drain reaches both open streams."""
+    running = start_coordinator(janitor, tmp_path, "--max-streams-per-worker", "2",
+                                token=TOKEN)
+    worker_id = str(register(running, sleeper(janitor))["id"])
+    held = [open_stream(running, worker_id) for _ in range(2)]
+    socks = [sock for sock, _ in held]
+    try:
+        for _, got in held:
+            assert got.startswith(b"HTTP/1.1 200 "), got
+            assert b'"type":"hello"' in got, got
+        wait_for(lambda: running.status()["workers"][0]["connected"] or None,
+                 what="the worker connected")
+        assert all(still_open(sock) for sock in socks)
+        third, got = open_stream(running, worker_id)
+        third.close()
+        assert got.startswith(b"HTTP/1.1 429 "), got
+        assert b"--max-streams-per-worker" in got
+        assert b"x-limit: max_streams_per_worker" in got
+        assert refusals(running, "max_streams_per_worker") == 1
+        socks.pop().close()
+
+        def taken() -> socket.socket | None:
+            sock, got = open_stream(running, worker_id)
+            if got.startswith(b"HTTP/1.1 200 "):
+                return sock
+            sock.close()  # the coordinator has not yet seen the close
+            return None
+
+        socks.append(wait_for(taken, what="a stream taken after one closed"))
+        assert all(still_open(sock) for sock in socks)
+        with running.client() as client:
+            assert client.post("/drain", json={"wait": False}).status_code in (200, 202)
+        for sock in socks:
+            sock.settimeout(60)
+            seen = b""
+            while b'"type":"drain"' not in seen:
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen += chunk
+    finally:
+        for sock in socks:
+            sock.close()
