@@ -24,10 +24,12 @@ import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
 from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    import httpx
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,8 @@ INTERVAL_S = 0.1
 TIMEOUT_S = 1.0
 """One read at most (the engine answers its metrics from its HTTP process)."""
 MAX_BODY_BYTES = 4 * 1024 * 1024
-"""A metrics page larger than this is not parsed (vLLM's is ~100 KB with histograms)."""
+"""A metrics page larger than this is not read on (vLLM's is ~100 KB with histograms): the read
+stops at this size, so an engine that streams without end costs this much memory, no more."""
 
 
 def inflight(text: str, names: Iterable[str]) -> int | None:
@@ -96,6 +99,10 @@ class EngineProbe:
             self._task = None
 
     async def _run(self) -> None:
+        # Imported here, on the first drain that reads an engine: ~5 MB the coordinator does
+        # not hold while it serves, nor at all when no engine metrics are configured.
+        import httpx
+
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
             while True:
                 count, error = await self._read(http)
@@ -111,16 +118,23 @@ class EngineProbe:
                 await asyncio.sleep(INTERVAL_S)
 
     async def _read(self, http: httpx.AsyncClient) -> tuple[int | None, str | None]:
+        import httpx
+
+        body = bytearray()
         try:
-            response = await http.get(self.url)
+            async with asyncio.timeout(TIMEOUT_S), http.stream("GET", self.url) as response:
+                if response.status_code != 200:
+                    return None, f"answered {response.status_code}"
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_BODY_BYTES:
+                        return None, f"page larger than {MAX_BODY_BYTES} bytes"
+        except TimeoutError:
+            return None, f"not read whole within {TIMEOUT_S:g}s"
         except httpx.HTTPError as exc:
             return None, f"not reachable ({exc.__class__.__name__}: {exc})"
-        if response.status_code != 200:
-            return None, f"answered {response.status_code}"
-        if len(response.content) > MAX_BODY_BYTES:
-            return None, f"page larger than {MAX_BODY_BYTES} bytes"
         try:
-            count = inflight(response.text, self.names)
+            count = inflight(body.decode("utf-8", errors="replace"), self.names)
         except ValueError as exc:
             return None, f"not Prometheus text ({exc})"
         if count is None:

@@ -3,7 +3,9 @@ COUNT_FILE PORT_FILE``. It serves ``GET /metrics`` as vLLM's Prometheus endpoint
 ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``, with a ``model_name`` label,
 among other families), the running count read from COUNT_FILE at each request (the test
 writes it), appends that count to COUNT_FILE.reads (one line a read), and exits 0 on SIGTERM
-once it has closed its socket."""
+once it has closed its socket. ``GET /endless`` is a page that never ends (comment lines, sent
+until the reader goes away); each one it served is counted in COUNT_FILE.endless, with the
+bytes the reader took."""
 
 from __future__ import annotations
 
@@ -35,8 +37,13 @@ vllm:e2e_request_latency_seconds_sum{{engine="0",model_name="tiny"}} 3.5
 
 def main(count_file: Path, port_file: Path) -> None:
     reads = count_file.with_suffix(".reads")
+    endless = threading.Condition()
+    endless_open = [0]  # endless reads still being served: each is recorded before it ends
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/endless":
+                self.endless()
+                return
             running, _, waiting = count_file.read_text().strip().partition(" ")
             with reads.open("a") as log:  # what the test counts: each read, with its answer
                 log.write(f"{running}\n")
@@ -46,6 +53,25 @@ def main(count_file: Path, port_file: Path) -> None:
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def endless(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.end_headers()
+            line = b"# " + b"x" * 1022 + b"\n"
+            sent = 0
+            with endless:
+                endless_open[0] += 1
+            try:
+                while True:
+                    self.wfile.write(line * 64)
+                    sent += len(line) * 64
+            except OSError:
+                with count_file.with_suffix(".endless").open("a") as log:
+                    log.write(f"{sent}\n")
+                with endless:
+                    endless_open[0] -= 1
+                    endless.notify_all()
 
         def log_message(self, *_args: object) -> None:
             pass
@@ -58,6 +84,8 @@ def main(count_file: Path, port_file: Path) -> None:
     tmp.write_text(json.dumps({"port": server.server_address[1], "pid": os.getpid()}))
     tmp.replace(port_file)
     stop.wait()
+    with endless:  # so the test reads every endless read's record once this has exited
+        endless.wait_for(lambda: not endless_open[0], timeout=30)
     server.shutdown()
     server.server_close()
     sys.exit(0)

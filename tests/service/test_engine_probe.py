@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from coordinator.service.engine_probe import inflight
+from coordinator.service.engine_probe import MAX_BODY_BYTES, inflight
 from coordinator.settings import DEFAULT_INFLIGHT_METRICS
 from tests.service.metrics_engine import PAGE
 from tests.service.servers import FAST, ROOT, Running, start_coordinator
@@ -103,3 +103,22 @@ def test_an_engine_whose_metrics_cannot_be_read_does_not_hold_the_drain(
     assert summary["engine_inflight"]["inflight"] is None
     assert summary["engine_inflight"]["error"] == "answered 404"
     assert [(p["fate"], p["signal"]) for p in summary["processes"]] == [("exited", "SIGTERM")]
+
+
+def test_a_page_without_end_is_cut_at_its_limit(janitor: ProcessJanitor,
+                                                tmp_path: Path) -> None:
+    """1. ``--engine-metrics-url`` names a page that never ends; 2. a drain of the adopted
+    engine goes on past migrating and ends graceful, /status saying the page was too large;
+    3. the engine's own record: each read it served was cut off by the reader after at most
+    the limit and a few socket buffers, never streamed on."""
+    engine, count, port = start_engine(janitor, tmp_path, running=5)
+    running = start_coordinator(janitor, tmp_path, *FAST, "--adopt-pid", str(engine.pid),
+                                "--engine-metrics-url", f"http://127.0.0.1:{port}/endless")
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.wait(timeout=60) == 0
+    assert summary["outcome"] == "graceful"
+    assert summary["engine_inflight"]["error"] == f"page larger than {MAX_BODY_BYTES} bytes"
+    served = [int(n) for n in count.with_suffix(".endless").read_text().split()]
+    assert served
+    assert all(n < MAX_BODY_BYTES + 16 * 1024 * 1024 for n in served), served
