@@ -33,7 +33,7 @@ SIGNALLED = 9
 FAILED = 10
 """A process exited non-zero, or a main process did not exit 0."""
 LOST_REQUESTS = 11
-"""Handed-back requests expired unacknowledged: their clients were cut off."""
+"""Handed-back requests expired unacknowledged: no router said it continued them."""
 ERROR = 12
 """The drain failed internally; its summary says what is known."""
 UNVERIFIED = 13

@@ -49,7 +49,7 @@ SIGNALLED = "signalled"
 FAILED = "failed"
 """A process exited non-zero, or a root did not exit 0 (it died of its graceful signal)."""
 LOST_REQUESTS = "lost_requests"
-"""Handed-back requests expired unacknowledged: their clients were cut off."""
+"""Handed-back requests expired unacknowledged: no router said it continued them."""
 ERROR = "error"
 """The drain itself failed internally (what it knows is reported, but it may not be all)."""
 UNVERIFIED = "unverified"
@@ -227,10 +227,10 @@ def _sentence(members: list[ProcessOutcome], reason: str) -> str:
 
 def _lost_sentence(count: int) -> str:
     if count == 1:
-        return ("1 handed-back request expired unacknowledged: no router continued it, so its "
-                "client was cut off.")
-    return (f"{count} handed-back requests expired unacknowledged: no router continued them, "
-            "so their clients were cut off.")
+        return ("1 handed-back request expired unacknowledged: no router said it continued it "
+                "before the drain ended, so its client was cut off unless one did later.")
+    return (f"{count} handed-back requests expired unacknowledged: no router said it continued "
+            "them before the drain ended, so their clients were cut off unless one did later.")
 
 
 def _clause(text: str) -> str:

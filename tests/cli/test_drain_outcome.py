@@ -24,8 +24,9 @@ CAUSES = {
     "signalled": ["Main process sglang (pid 41) died of SIGKILL (exit -9; its container "
                   "reports 137), not of the SIGTERM it was sent, so its exit-time cleanup did "
                   "not run."],
-    "lost_requests": ["2 handed-back requests expired unacknowledged: no router continued "
-                      "them, so their clients were cut off."],
+    "lost_requests": ["2 handed-back requests expired unacknowledged: no router said it "
+                      "continued them before the drain ended, so their clients were cut off "
+                      "unless one did later."],
     "nothing_to_drain": ["No process was registered or adopted, so the drain ended nothing."],
 }
 
