@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 RECONNECT_S = 15.0
 """How long ``drain`` keeps retrying a coordinator that went away (it may be restarting)."""
+REDRAW_S = 1.0
+"""On a terminal, ``drain`` redraws its progress line at least this often (seconds), so the
+budget left and the countdown to a waited-on process's SIGKILL keep moving between changes;
+in a log it writes one line per change only."""
 
 # flag → (Settings field, type, help). None defaults mean "not given": env or default apply.
 _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -322,12 +326,13 @@ def _drain(args: argparse.Namespace) -> int:
         started = _start_drain(client, args)
         since = int(started["generation"]) - 1
         tty = sys.stderr.isatty()
+        redraw = tty and not args.quiet and not args.json
         columns = shutil.get_terminal_size().columns - 1
         document: dict[str, Any] | None = None
         lost_at: float | None = None
         while True:
             try:
-                document = client.status(wait=10.0, since=since)
+                document = client.status(wait=REDRAW_S if redraw else 10.0, since=since)
                 lost_at = None
             except ClientError:
                 # The coordinator may be restarting (it resumes the drain): retry a while.
@@ -337,17 +342,17 @@ def _drain(args: argparse.Namespace) -> int:
                 time.sleep(0.2)
                 continue
             generation = int(document["generation"])
-            if generation > since and not args.quiet and not args.json:
-                # On a terminal one line is rewritten in place; in a log, one line a change.
-                if tty:
-                    print("\r\x1b[K" + progress_line(document)[:columns], end="",
-                          file=sys.stderr, flush=True)
-                else:
-                    print(progress_line(document), file=sys.stderr, flush=True)
+            if redraw:
+                # On a terminal one line is rewritten in place, also when nothing changed (its
+                # countdowns move); in a log, one line a change.
+                print("\r\x1b[K" + progress_line(document, width=columns), end="",
+                      file=sys.stderr, flush=True)
+            elif generation > since and not args.quiet and not args.json:
+                print(progress_line(document), file=sys.stderr, flush=True)
             since = max(since, generation)
             if _finished(document):
                 break
-        if tty and not args.quiet and not args.json:
+        if redraw:
             print(file=sys.stderr)
     outcome, causes, _ = drain_verdict(document)
     outcome = outcome or "survived"

@@ -147,7 +147,8 @@ OUTCOME = _object(
     {"start_time": _nullable(EPOCH), "cmdline": _str, "root_pid": _nullable(PID),
      "parent_pid": _nullable(_int(0, PID_MAX)), "depth": _int(0, MAX_DEPTH),
      "role": _nullable(_str), "tier": _nullable(_str), "signal": _nullable(_str),
-     "signalled_at": _nullable(EPOCH), "killed_at": _nullable(EPOCH),
+     "signalled_at": _nullable(EPOCH), "kill_at": _nullable(EPOCH),
+     "killed_at": _nullable(EPOCH),
      "ended_at": _nullable(EPOCH), "elapsed_ms": _nullable(_num(0, MAX_EPOCH_S)),
      "exit_code": _nullable(_int(-(2**31), 2**31)), "detail": _str},
 )

@@ -239,10 +239,12 @@ class KillRun:
         if wait_s <= 0:
             await self._kill(members, tier.name, "no time left for a graceful exit")
             return
-        # Step 5: signal, then wait on exit events.
+        # Step 5: signal, then wait on exit events until the SIGKILL time each process was
+        # told (``kill_at``): the wait is counted from before the first signal.
+        kill_at = time.time() + wait_s
         for t, (_, sig) in zip(members, tier.signals, strict=True):
-            self.table.signal_graceful(t, sig, tier.name)
-        if await self._wait_unless_escalated(set(tier.pids), wait_s):
+            self.table.signal_graceful(t, sig, tier.name, kill_at)
+        if await self._wait_unless_escalated(set(tier.pids), now + wait_s - time.monotonic()):
             return
         # Step 6: SIGKILL stragglers, confirm.
         stragglers = [t for t in members if not t.exited]
@@ -302,6 +304,9 @@ class KillRun:
                 deadline_at=self.deadline_at,
                 reserve_s=self.reserve_s,
             )
+            kill_at = time.time() + wait_s
+            for t in waiting:
+                self.table.reschedule_kill(t, kill_at)
             if not await self.watcher.wait({t.outcome.pid for t in waiting}, wait_s):
                 stragglers = [t for t in waiting if not t.exited]
                 await self._kill(stragglers, tier.name, "outlived its tier across a restart")

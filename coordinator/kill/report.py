@@ -55,6 +55,10 @@ class ProcessOutcome:
     signal: str | None = None
     """The graceful signal sent (e.g. ``SIGTERM``), or None if none was sent."""
     signalled_at: float | None = None
+    kill_at: float | None = None
+    """When its tier's wait ends and SIGKILL follows if it still runs: the graceful signal plus
+    the wait the kill allotted the tier (its timeout, cut to the deadline and to what the later
+    tiers keep). Set with the graceful signal; None when none was sent."""
     killed_at: float | None = None
     """When SIGKILL was sent, if it was."""
     ended_at: float | None = None

@@ -316,14 +316,24 @@ class ProcessTable(TreeDiscovery):
             return False
         return True
 
-    def signal_graceful(self, t: Tracked, sig: int, tier: str) -> None:
-        """Send the tier's graceful signal once and record it."""
+    def signal_graceful(self, t: Tracked, sig: int, tier: str,
+                        kill_at: float | None = None) -> None:
+        """Send the tier's graceful signal once and record it, with the time (epoch s) its
+        SIGKILL is due if it still runs then."""
         if t.signalled:
             return
         t.outcome.tier = tier
         t.outcome.signal = signal.Signals(sig).name
         t.outcome.signalled_at = time.time()
+        t.outcome.kill_at = kill_at
         self.send(t, sig)
+        self.publish(t.outcome)
+
+    def reschedule_kill(self, t: Tracked, kill_at: float) -> None:
+        """A process signalled by a previous run: its SIGKILL is now due at ``kill_at``."""
+        if t.exited or t.outcome.killed_at is not None:
+            return
+        t.outcome.kill_at = kill_at
         self.publish(t.outcome)
 
     def sigkill(self, t: Tracked, tier: str, why: str) -> None:

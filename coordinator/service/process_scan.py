@@ -51,7 +51,8 @@ def process_entry(o: ProcessOutcome) -> dict[str, Any]:
             "parent_pid": o.parent_pid, "depth": o.depth, "fate": o.fate.value,
             "exit_code": o.exit_code, "signal": o.signal, "tier": o.tier,
             "elapsed_ms": o.elapsed_ms, "detail": o.detail,
-            "signalled_at": o.signalled_at, "killed_at": o.killed_at, "ended_at": o.ended_at}
+            "signalled_at": o.signalled_at, "kill_at": o.kill_at, "killed_at": o.killed_at,
+            "ended_at": o.ended_at}
 
 
 @dataclass(frozen=True)

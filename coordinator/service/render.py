@@ -42,30 +42,56 @@ def _requests(count: int) -> str:
     return f"{count} request" if count == 1 else f"{count} requests"
 
 
-def progress_line(doc: dict[str, Any]) -> str:
-    """One line of drain progress."""
+def progress_line(doc: dict[str, Any], now: float | None = None,
+                  width: int | None = None) -> str:
+    """One line of drain progress, as of ``now`` (epoch s; the current time by default).
+
+    With ``width`` (a terminal's columns) a line that would not fit is told shorter, the
+    process waited on and its SIGKILL countdown first, then cut to ``width``."""
+    now = time.time() if now is None else now
     workers = doc.get("workers", [])
     inflight = sum(w.get("inflight") or 0 for w in workers if w.get("state") != "exited")
     counts = doc.get("counts", {})
     ended = sum(v for k, v in counts.items() if k != "running")
+    processes = len(doc.get("processes", []))
+    migrations = len(doc.get("migrations", []))
     drain = doc.get("drain") or {}
-    left = ""
-    if drain.get("deadline_at"):
-        left = f", {max(0.0, drain['deadline_at'] - time.time()):.1f}s of budget left"
+    left_s = (max(0.0, drain["deadline_at"] - now) if drain.get("deadline_at") else None)
+    verdict = _verdict_text(doc)
+    left = "" if left_s is None else f", {left_s:.1f}s of budget left"
     line = (f"[{doc['phase']}] gen {doc['generation']}: {len(workers)} workers, "
-            f"{inflight} in flight, {len(doc.get('migrations', []))} migrations pending, "
-            f"{ended}/{len(doc.get('processes', []))} processes ended{left}")
-    waiting = waiting_on(doc)
+            f"{inflight} in flight, {migrations} migrations pending, "
+            f"{ended}/{processes} processes ended{left}")
+    waiting = waiting_on(doc, now)
     if waiting:
         line += f"; {waiting}"
+    line += verdict
+    if width is None or len(line) <= width:
+        return line
+    parts = [f"[{doc['phase']}]"]
+    short_wait = _waiting_short(doc, now)
+    if short_wait:
+        parts.append(short_wait + ";")
+    parts.append(f"{ended}/{processes} ended")
+    if inflight:
+        parts[-1] += f", {inflight} in flight"
+    if migrations:
+        parts[-1] += f", {migrations} migrations pending"
+    if left_s is not None:
+        parts[-1] += f", {left_s:.1f}s left"
+    return (" ".join(parts) + verdict)[:width]
+
+
+def _verdict_text(doc: dict[str, Any]) -> str:
     outcome, causes, lost = drain_verdict(doc)
-    if outcome is not None:
-        line += f"; outcome {outcome}"
-        if lost:
-            line += f", {_requests(lost)} lost"
-        if causes:
-            line += ": " + " ".join(causes)
-    return line
+    if outcome is None:
+        return ""
+    text = f"; outcome {outcome}"
+    if lost:
+        text += f", {_requests(lost)} lost"
+    if causes:
+        text += ": " + " ".join(causes)
+    return text
 
 
 def status_text(doc: dict[str, Any]) -> str:
@@ -176,12 +202,43 @@ def plan_text(plan: dict[str, Any]) -> str:
                                   "command"], rows) if rows else "\n(nothing to stop)")
 
 
-def waiting_on(doc: dict[str, Any]) -> str | None:
-    """The process the kill waits on now: signalled, not yet ended (the earliest signalled)."""
+def _waited(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The process the kill waits on now: signalled (or SIGKILLed), not yet ended; the
+    earliest signalled."""
     waiting = [p for p in doc.get("processes", [])
-               if p.get("signalled_at") and p.get("fate") == "running"]
-    if not waiting:
+               if (p.get("signalled_at") or p.get("killed_at")) and p.get("fate") == "running"]
+    return min(waiting, key=lambda p: p.get("signalled_at") or p["killed_at"], default=None)
+
+
+def _sigkill_when(p: dict[str, Any], now: float) -> str | None:
+    """``SIGKILL in 1.8s`` (its ``kill_at`` to come) or ``SIGKILL 0.1s ago`` (sent)."""
+    if p.get("killed_at"):
+        return f"SIGKILL {now - p['killed_at']:.1f}s ago"
+    if p.get("kill_at"):
+        return f"SIGKILL in {max(0.0, p['kill_at'] - now):.1f}s"
+    return None
+
+
+def waiting_on(doc: dict[str, Any], now: float | None = None) -> str | None:
+    """The process the kill waits on now, its tier, how long ago it got its signal and when
+    its SIGKILL comes (``kill_at``) or came, as of ``now`` (epoch s; the current time by
+    default)."""
+    p = _waited(doc)
+    if p is None:
         return None
-    p = min(waiting, key=lambda p: p["signalled_at"])
-    return (f"waiting on {p['pid']} {p['name']} (tier {p.get('tier') or '-'}, "
-            f"{p.get('signal')} {time.time() - p['signalled_at']:.1f}s ago)")
+    now = time.time() if now is None else now
+    when = []
+    if p.get("signalled_at"):
+        when.append(f"{p.get('signal')} {now - p['signalled_at']:.1f}s ago")
+    sigkill = _sigkill_when(p, now)
+    if sigkill:
+        when.append(sigkill)
+    return f"waiting on {p['pid']} {p['name']} (tier {p.get('tier') or '-'}, {', '.join(when)})"
+
+
+def _waiting_short(doc: dict[str, Any], now: float) -> str | None:
+    p = _waited(doc)
+    if p is None:
+        return None
+    sigkill = _sigkill_when(p, now)
+    return f"waiting on {p['pid']} {p['name']}" + (f", {sigkill}" if sigkill else "")
