@@ -44,6 +44,7 @@ from coordinator.drain.budget import (
     split_budget,
 )
 from coordinator.drain.changes import ChangeSignal
+from coordinator.drain.handover import Handover
 from coordinator.drain.outcome import Verdict, judge
 from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachine
 from coordinator.errors import DrainConflict, RefusedTarget
@@ -58,7 +59,7 @@ KILL_ATTEMPTS = 2
 run once more, resuming from what the first attempt did."""
 
 KillFn = Callable[..., Awaitable[KillReport]]
-"""``(targets, policy, *, on_update, prior) -> KillReport`` — ``Terminator().run``."""
+"""``(targets, policy, *, on_update, prior, hand_roots) -> KillReport`` — ``Terminator().run``."""
 
 
 class Fleet(Protocol):
@@ -213,6 +214,8 @@ class DrainController:
         self._expiry: asyncio.TimerHandle | None = None
         self._killing = False
         self._escalation: asyncio.Task[KillReport] | None = None
+        self.handover = Handover()
+        """Callers that send the main processes' graceful signal themselves (``handover``)."""
 
     @property
     def phase(self) -> Phase:
@@ -246,6 +249,7 @@ class DrainController:
                             force=force)
         self.drain = drain
         self._finished = asyncio.Event()
+        self.handover.reset()
         # Readiness and the workers' push must not wait for anything: transition first,
         # then the push, then everything that may await (the task, the state file).
         self.machine.advance(Phase.DRAINING, note=reason)
@@ -450,7 +454,8 @@ class DrainController:
                 prior = dict(drain.outcomes) or None
                 try:
                     return await self.kill(targets, self._policy(drain),
-                                           on_update=self._record_outcome, prior=prior)
+                                           on_update=self._record_outcome, prior=prior,
+                                           hand_roots=self.handover.take)
                 except RefusedTarget as exc:
                     # Registration vetted every root; one that became protected since is
                     # dropped.

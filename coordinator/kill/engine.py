@@ -4,7 +4,8 @@
 2. Enumerate the trees; open a pidfd per process, then verify its identity (start time).
 3. Resume what a previous run (a restarted coordinator) had already signalled.
 4. Plan the tiers of what is still unsignalled; take the first (deepest first, roots last).
-5. Signal the tier; wait on exit events, up to the tier's timeout cut to the deadline.
+5. Signal the tier (roots: unless the caller takes their signal over, ``hand_roots``); wait
+   on exit events, up to the tier's timeout cut to the deadline.
 6. SIGKILL the tier's stragglers and confirm they are gone.
 7. Re-enumerate the trees (forks during the kill join the plan); back to 4 until no process is
    left unsignalled and no new PID appears.
@@ -26,7 +27,7 @@ from collections.abc import Iterable, Sequence
 from coordinator.kill import pidfd, safety, tiers
 from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import KillReport
-from coordinator.kill.table import OnUpdate, PriorOutcomes, ProcessTable, Tracked
+from coordinator.kill.table import HandRoots, OnUpdate, PriorOutcomes, ProcessTable, Tracked
 from coordinator.kill.watch import ExitWatcher
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ async def terminate(
     *,
     on_update: OnUpdate | None = None,
     prior: PriorOutcomes | None = None,
+    hand_roots: HandRoots | None = None,
 ) -> KillReport:
     """Terminate ``targets`` and their process trees; return every process's fate.
 
@@ -53,7 +55,8 @@ async def terminate(
     PID 1, the calling process or one of its ancestors. A target that does not exist, or
     whose start time no longer matches, is reported ``gone``.
     """
-    return await KillRun(list(targets), policy or KillPolicy(), on_update, prior).run()
+    return await KillRun(list(targets), policy or KillPolicy(), on_update, prior,
+                         hand_roots=hand_roots).run()
 
 
 class Terminator:
@@ -79,10 +82,12 @@ class Terminator:
         *,
         on_update: OnUpdate | None = None,
         prior: PriorOutcomes | None = None,
+        hand_roots: HandRoots | None = None,
     ) -> KillReport:
         """Start a kill, or join the one in progress."""
         if not self.running:
-            self._run = KillRun(list(targets), policy or KillPolicy(), on_update, prior)
+            self._run = KillRun(list(targets), policy or KillPolicy(), on_update, prior,
+                                hand_roots=hand_roots)
             self._task = asyncio.ensure_future(self._run.run())
         elif policy is not None and policy.force and self._run is not None:
             self._run.escalate()
@@ -102,11 +107,13 @@ class KillRun:
         prior: PriorOutcomes | None = None,
         *,
         use_pidfd: bool | None = None,
+        hand_roots: HandRoots | None = None,
     ) -> None:
         self.targets = targets
         self.policy = policy
         self.on_update = on_update
         self.prior = prior
+        self.hand_roots = hand_roots
         support = pidfd.support()
         self.use_pidfd = support.pidfd if use_pidfd is None else use_pidfd and support.pidfd
         self.report = KillReport(
@@ -242,8 +249,14 @@ class KillRun:
         # Step 5: signal, then wait on exit events until the SIGKILL time each process was
         # told (``kill_at``): the wait is counted from before the first signal.
         kill_at = time.time() + wait_s
+        # Roots: unless the caller of the kill takes their signal over (``hand_roots``).
+        roots = [t.outcome.pid for t in members if t.outcome.pid in self.table.targets]
+        left = self.hand_roots(roots) if roots and self.hand_roots is not None else None
         for t, (_, sig) in zip(members, tier.signals, strict=True):
-            self.table.signal_graceful(t, sig, tier.name, kill_at)
+            if left is not None and t.outcome.pid in roots:
+                self.table.leave_signal(t, sig, tier.name, left, kill_at)
+            else:
+                self.table.signal_graceful(t, sig, tier.name, kill_at)
         if await self._wait_unless_escalated(set(tier.pids), now + wait_s - time.monotonic()):
             return
         # Step 6: SIGKILL stragglers, confirm.
@@ -252,7 +265,11 @@ class KillRun:
         why = f"still running {wait_s:.3g}s after {sig_name}"
         if self.force:
             why = f"force mode after {sig_name}: SIGKILL at once"
-        await self._kill(stragglers, tier.name, why)
+        # Whose signal it was stays in a root's reason: the caller's may never have come.
+        left_why = (f"{why}; its {sig_name} was left to the caller of the drain, which may "
+                    "not have sent it")
+        await self._kill(stragglers, tier.name, why,
+                         {pid: left_why for pid in roots} if left is not None else None)
 
     async def _wait_unless_escalated(self, pids: set[int], timeout_s: float) -> bool:
         """``watcher.wait``, cut short (False) when the run is escalated to force mode."""
@@ -270,9 +287,10 @@ class KillRun:
             return False
         return exits.result()
 
-    async def _kill(self, members: Sequence[Tracked], tier: str, why: str) -> None:
+    async def _kill(self, members: Sequence[Tracked], tier: str, why: str,
+                    whys: dict[int, str] | None = None) -> None:
         for t in members:
-            self.table.sigkill(t, tier, why)
+            self.table.sigkill(t, tier, (whys or {}).get(t.outcome.pid, why))
         confirm_s = tiers.confirm_wait_s(
             now=time.monotonic(), deadline_at=self.deadline_at, confirm_s=self.policy.confirm_s,
             kept_s=self._kept_s,

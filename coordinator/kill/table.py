@@ -25,6 +25,9 @@ from coordinator.kill.tiers import Member
 log = logging.getLogger(__name__)
 
 OnUpdate = Callable[[ProcessOutcome], object]
+HandRoots = Callable[[list[int]], "str | None"]
+"""Asked when a tier holding roots is next: a detail when the caller of the kill sends their
+graceful signal itself (the kill only waits for them), None when the kill is to send it."""
 PriorOutcomes = (
     Mapping[tuple[int, float], ProcessOutcome] | Mapping[tuple[int, float | None], ProcessOutcome]
 )
@@ -334,6 +337,18 @@ class ProcessTable(TreeDiscovery):
         if t.exited or t.outcome.killed_at is not None:
             return
         t.outcome.kill_at = kill_at
+        self.publish(t.outcome)
+
+    def leave_signal(self, t: Tracked, sig: int, tier: str, detail: str,
+                     kill_at: float | None = None) -> None:
+        """Record the tier's graceful signal as sent by someone else, now (its clock starts)."""
+        if t.signalled:
+            return
+        t.outcome.tier = tier
+        t.outcome.signal = signal.Signals(sig).name
+        t.outcome.signalled_at = time.time()
+        t.outcome.kill_at = kill_at
+        t.outcome.detail = detail
         self.publish(t.outcome)
 
     def sigkill(self, t: Tracked, tier: str, why: str) -> None:

@@ -55,6 +55,12 @@ MAX_ECHO_CHARS = 200
 """Longest string (message, location part, echoed input) a 422 carries."""
 
 
+async def disconnected(request: Request) -> None:
+    """Returns once the client of ``request`` (a body-less call) has gone away."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 def default_kill() -> KillFn:
     """The kill engine's joining entry point."""
     from coordinator.kill import Terminator
@@ -158,9 +164,48 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
         document["outcome"] = "timeout"
         return JSONResponse(document)
 
+    async def start_and_hand_over(request: Request) -> Response:
+        """Start or join the drain; answer when the kill reaches the main processes and
+        leaves their signal to this caller (``coordinator.drain.handover``), or at the end
+        of a drain that never does (no main process left, aborted, all SIGKILLed)."""
+        controller = coordinator.controller
+        drain, _ = controller.start("preStop", None)
+        handed = controller.handover.wait()
+        coordinator.bump()  # /status shows the caller waiting
+        timeout = remaining(drain.deadlines.deadline_at, controller.clock())
+        ended = asyncio.ensure_future(controller.wait(timeout + WAIT_SLACK_S))
+        gone = asyncio.ensure_future(disconnected(request))
+        try:
+            await asyncio.wait((handed, ended, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (ended, gone):
+                task.cancel()
+            if not handed.done():
+                controller.handover.forget(handed)  # step 3: takes nothing over
+                coordinator.bump()
+        if handed.done() and not handed.cancelled():
+            document = coordinator.status_document()
+            document["main_left_to_caller"] = handed.result()
+            return JSONResponse(document)
+        if ended.done() and not ended.cancelled() and ended.result():
+            _, etag, body = coordinator.status_bytes()
+            return Response(body, media_type=JSON, headers={"ETag": etag})
+        document = coordinator.status_document()
+        if not gone.done():
+            document["outcome"] = "timeout"
+        return JSONResponse(document)
+
     @api.get("/drain")
-    async def drain_get() -> Response:
-        """Start or join the drain and block until done (kubelet ``preStop`` ``httpGet``)."""
+    async def drain_get(request: Request, main: Annotated[Literal["caller"] | None, Query(
+            description="``caller``: answer when the kill reaches the main processes (the "
+                        "kill targets' roots) and leave their graceful signal to the caller "
+                        "(an exec preStop hook: the kubelet's SIGTERM follows its return); "
+                        "``main_left_to_caller`` lists them. What outlives its tier is "
+                        "SIGKILLed as usual.")] = None) -> Response:
+        """Start or join the drain and block until done (kubelet ``preStop`` ``httpGet``),
+        or until the main processes are next (``main=caller``)."""
+        if main == "caller":
+            return await start_and_hand_over(request)
         return await start_and_maybe_wait("preStop", None, True)
 
     @api.post("/drain", status_code=200, responses={202: {"description": "started"}})

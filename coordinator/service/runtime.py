@@ -322,6 +322,8 @@ class Coordinator:
             "settings": self._effective,
             "engine_inflight": (self.engine_probe.reading.to_status()
                                 if self.engine_probe is not None else None),
+            "main_handover": {"waiting": controller.handover.waiting,
+                              "handed": controller.handover.handed},
         }
         if processes:
             entries = self.process_list()

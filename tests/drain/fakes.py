@@ -309,7 +309,9 @@ class FakeKill:
 
     async def __call__(self, targets: list[Target], policy: KillPolicy, *,
                        on_update: Callable[[ProcessOutcome], None],
-                       prior: dict[OutcomeKey, ProcessOutcome] | None) -> KillReport:
+                       prior: dict[OutcomeKey, ProcessOutcome] | None,
+                       hand_roots: Callable[[list[int]], str | None] | None = None
+                       ) -> KillReport:
         def update(outcome: ProcessOutcome) -> None:
             on_update(outcome)
             _poke(self.activity)

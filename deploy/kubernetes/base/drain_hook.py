@@ -13,6 +13,18 @@ Settings (flags win over the environment):
     --url         SHUTDOWN_COORDINATOR_URL         default http://127.0.0.1:8787
     --token-file  SHUTDOWN_COORDINATOR_TOKEN_FILE  default: no token
     --timeout     seconds to wait for the summary  default: none (the kubelet bounds it)
+    --main-by-kubelet                              return when the drain reaches the
+                  engine's main process, and leave its SIGTERM to the kubelet
+
+``--main-by-kubelet`` (the engine container's hook in the shipped manifests): the hook runs
+inside the engine container, and on containerd the end of that container's main process
+SIGKILLs it (exit 137, a spurious ``FailedPreStopHook`` event). With this flag the coordinator
+answers once everything but the main processes is done (``GET /drain?main=caller``), the
+hook returns, and the kubelet's own SIGTERM, sent when the hook returns, stops the main
+process; the coordinator waits for it and SIGKILLs it if it outlives its tier. The exit code
+then covers the processes stopped so far; the drain's final outcome is in the coordinator's
+log (``drain end:``) and ``/status``. The main process must be the container's own (an
+exec-form command), or a process it passes SIGTERM on to.
 
 Exit codes are those of ``shutdown-coordinator drain``; the kubelet shows a failed hook's
 output in a ``FailedPreStopHook`` event, so the one summary line printed is what an operator
@@ -74,6 +86,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument("--timeout", type=float, default=None)
     parser.add_argument("--connect-retry", type=float, default=CONNECT_RETRY_S)
+    parser.add_argument("--main-by-kubelet", action="store_true")
     return parser.parse_args(argv)
 
 
@@ -84,9 +97,11 @@ def read_token(path: str | None) -> str | None:
         return handle.read().strip() or None
 
 
-def request_drain(url: str, token: str | None, timeout: float | None) -> tuple[int, bytes]:
+def request_drain(url: str, token: str | None, timeout: float | None,
+                  main_by_caller: bool = False) -> tuple[int, bytes]:
     """GET /drain; the HTTP status and body (error statuses included)."""
-    request = urllib.request.Request(url.rstrip("/") + "/drain", method="GET")
+    path = "/drain?main=caller" if main_by_caller else "/drain"
+    request = urllib.request.Request(url.rstrip("/") + path, method="GET")
     request.add_header("Accept", "application/json")
     if token:
         request.add_header("Authorization", f"Bearer {token}")
@@ -98,7 +113,12 @@ def request_drain(url: str, token: str | None, timeout: float | None) -> tuple[i
 
 
 def outcome_code(summary: dict[str, Any]) -> int:
-    """The exit code for a drain summary: its ``outcome``, else the processes' fates."""
+    """The exit code for a drain summary: its ``outcome``, else the processes' fates (at a
+    handover, of the processes stopped so far: the main processes and what comes after them
+    are still running)."""
+    if isinstance(summary.get("main_left_to_caller"), list):
+        fates = [p.get("fate") for p in summary.get("processes") or [] if isinstance(p, dict)]
+        return SURVIVED if "survived" in fates else KILLED if "killed" in fates else OK
     outcome = summary.get("outcome")
     if isinstance(outcome, str) and outcome in OUTCOME_CODES:
         return OUTCOME_CODES[outcome]
@@ -121,6 +141,11 @@ def describe(summary: dict[str, Any]) -> str:
         fate = str(proc.get("fate"))
         counts[fate] = counts.get(fate, 0) + 1
     parts = [f"phase={summary.get('phase')}"]
+    handed = summary.get("main_left_to_caller")
+    if isinstance(handed, list):
+        names = {p.get("pid"): p.get("name") for p in processes}
+        parts.append("main left to the kubelet's SIGTERM: "
+                     + " ".join(f"{pid}({names.get(pid)})" for pid in handed))
     if summary.get("outcome") is not None:
         parts.append(f"outcome={summary.get('outcome')}")
     parts.extend(f"{fate}={n}" for fate, n in sorted(counts.items()))
@@ -148,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     give_up_at: float | None = None
     while True:
         try:
-            status, body = request_drain(args.url, token, args.timeout)
+            status, body = request_drain(args.url, token, args.timeout, args.main_by_kubelet)
             break
         # socket.timeout is only an alias of TimeoutError from Python 3.10 on; engine
         # images may ship an older python3.
