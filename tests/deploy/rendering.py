@@ -50,6 +50,7 @@ class Variant:
 
 SHIPPED = (
     Variant("sglang", "sglang", shipped=True),
+    Variant("trtllm", "trtllm", shipped=True),
     Variant("vllm", "vllm", shipped=True),
     Variant("dynamo-worker", "dynamo-worker", shipped=True),
     Variant("adopted-vllm", "adopted-vllm", ("engine-as-root",), shipped=True),

@@ -156,8 +156,9 @@ def test_engine_container_is_named_for_the_checks(renders: dict[str, Rendered]) 
 
 
 DOC_ROWS = {
-    "sglang": "| sglang, vllm |",
-    "vllm": "| sglang, vllm |",
+    "sglang": "| sglang, trtllm, vllm |",
+    "trtllm": "| sglang, trtllm, vllm |",
+    "vllm": "| sglang, trtllm, vllm |",
     "dynamo-worker": "| dynamo-worker |",
     "adopted-vllm": "| adopted-vllm |",
 }
