@@ -7,6 +7,9 @@ ended by a drain instead ends with ``{"handed_back": true, "request_id", "tokens
 ``X-Request-Id`` header names the request. ``GET /health`` and two internal controls for
 tests and hooks: ``POST /internal/stand_down`` (stand the child watchdog down) and
 ``POST /internal/handoff`` (hand every in-flight request back; ``/internal/resume`` undoes).
+``GET /metrics``: the in-flight gauges in SGLang's Prometheus format (what SGLang serves with
+``--enable-metrics``), so a coordinator's engine probe waits on the simulated engine as on a
+real one.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from coordinator.sim.streams import CompletionStreams, HandedBack, Token
 from worker_client import handed_back_event
 
 MODEL_NAME = "sim"
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 100_000
 
@@ -67,6 +71,20 @@ def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
 
 def _handed_back(event: HandedBack) -> dict[str, Any]:
     return handed_back_event(event.request_id, event.tokens)
+
+
+def _inflight_gauges(running: int) -> str:
+    """SGLang's in-flight gauges as its ``/metrics`` shows them (``sglang:num_running_reqs``
+    and ``sglang:num_queue_reqs``, sglang 0.5.23 observability/metrics_collector.py, with its
+    tokenizer's labels); the simulated engine queues nothing."""
+    labels = f'{{model_name="{MODEL_NAME}",engine_type="unified"}}'
+    lines: list[str] = []
+    for name, text, value in (
+        ("sglang:num_running_reqs", "The number of running requests.", running),
+        ("sglang:num_queue_reqs", "The number of requests in the waiting queue.", 0),
+    ):
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name}{labels} {value:.1f}"]
+    return "\n".join(lines) + "\n"
 
 
 def _parse_completion(body: Any) -> tuple[str, int, bool] | str:
@@ -113,6 +131,9 @@ def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette
     async def health(request: Request) -> Response:
         return JSONResponse(controls.health())
 
+    async def metrics(request: Request) -> Response:
+        return Response(_inflight_gauges(len(streams.inflight)), media_type=PROMETHEUS_TEXT)
+
     async def stand_down(request: Request) -> Response:
         controls.stand_down_watchdog()
         return JSONResponse({"watchdog": "stood_down"})
@@ -133,6 +154,7 @@ def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
+            Route("/metrics", metrics, methods=["GET"]),
             Route("/internal/stand_down", stand_down, methods=["POST"]),
             Route("/internal/handoff", handoff, methods=["POST"]),
             Route("/internal/resume", resume, methods=["POST"]),
