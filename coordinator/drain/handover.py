@@ -22,6 +22,10 @@ and SIGKILLs what outlives the tier's timeout; the summary says whose signal it 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
+
+from coordinator.drain.outcome import GRACEFUL, Verdict, judge
+from coordinator.kill.report import Fate, ProcessOutcome
 
 LEFT_TO_CALLER = ("its graceful signal was left to the caller of the drain (GET "
                   "/drain?main=caller: the kubelet's SIGTERM once the preStop hook returned)")
@@ -72,3 +76,12 @@ class Handover:
     @property
     def waiting(self) -> int:
         return sum(not f.done() for f in self._waiters)
+
+
+def so_far(outcomes: Iterable[ProcessOutcome], force: bool = False) -> Verdict:
+    """The judgement of the processes already settled when the caller is answered (the main
+    processes, and what comes after them, still run): what the caller's exit code reports."""
+    settled = [o for o in outcomes if o.fate is not Fate.RUNNING]
+    if not settled:
+        return Verdict(GRACEFUL, (), 0)
+    return judge(settled, force=force)

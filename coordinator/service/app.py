@@ -22,6 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from coordinator import __version__
 from coordinator.drain.budget import remaining
 from coordinator.drain.controller import KillFn
+from coordinator.drain.handover import so_far
 from coordinator.drain.phases import Phase
 from coordinator.errors import DrainConflict, LimitReached, RefusedTarget, TargetNotFound
 from coordinator.service import peers
@@ -186,6 +187,9 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
         if handed.done() and not handed.cancelled():
             document = coordinator.status_document()
             document["main_left_to_caller"] = handed.result()
+            verdict = so_far(drain.outcomes.values(), force=drain.force)
+            document["outcome_so_far"] = verdict.outcome
+            document["causes_so_far"] = list(verdict.causes)
             return JSONResponse(document)
         if ended.done() and not ended.cancelled() and ended.result():
             _, etag, body = coordinator.status_bytes()

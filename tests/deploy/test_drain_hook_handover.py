@@ -60,6 +60,8 @@ def test_the_hook_returns_before_the_main_process_and_the_kubelets_sigterm_ends_
 
     assert hook.returncode == exit_codes.OK, out
     assert f"main left to the kubelet's SIGTERM: {tree.pid}(python" in out
+    assert "so far=graceful" in out
+    assert "not graceful" not in out
     assert others_ended(tree) == set(tree.pids()) - {tree.pid}
     assert alive(tree.pid)
     assert tree.pid not in tree.markers()  # no SIGTERM reached it yet
@@ -128,6 +130,32 @@ def test_a_hook_that_goes_away_before_the_main_process_takes_nothing_over(
     assert summary["main_handover"]["handed"] is None
     root = next(p for p in summary["processes"] if p["pid"] == tree.pid)
     assert root["detail"] != LEFT_TO_CALLER
+
+
+def test_the_hooks_exit_code_reports_what_went_wrong_before_the_handover(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. a child that ignores SIGTERM (SIGKILLed at its tier's end) under the root; 2. the
+    hook returns at the handover with exit 3 (``killed``), naming the child, its own wait
+    status -9; 3. the root, SIGTERMed by the test, exits 0; the final outcome is ``killed``."""
+    running = start_coordinator(janitor, tmp_path, *FAST)
+    tree = start_tree(janitor, {"role": "root", "children": [
+        {"role": "stubborn", "ignore_term": True}]}, tmp_path / "tree")
+    register(running, tree.pid)
+    hook = run_hook(janitor, running)
+    out, _ = hook.communicate(timeout=120)
+    stubborn = tree.pids("stubborn")[0]
+    assert hook.returncode == exit_codes.KILLED, out
+    assert "so far=killed" in out
+    assert f"not graceful: {stubborn}(python" in out
+    assert not alive(stubborn)
+    assert alive(tree.pid)
+    os.kill(tree.pid, signal.SIGTERM)
+    summary = final_summary(running)
+    root_code = tree.root.wait(timeout=60)
+    assert root_code == 0
+    assert tree.markers()[tree.pid]["reaped"] == {str(stubborn): -signal.SIGKILL}
+    assert_summary_is_true(summary, tree, root_code=root_code, outcome="killed")
 
 
 def test_without_the_flag_the_hook_waits_for_the_whole_drain(

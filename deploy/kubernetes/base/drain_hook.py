@@ -117,9 +117,9 @@ def outcome_code(summary: dict[str, Any]) -> int:
     handover, of the processes stopped so far: the main processes and what comes after them
     are still running)."""
     if isinstance(summary.get("main_left_to_caller"), list):
-        fates = [p.get("fate") for p in summary.get("processes") or [] if isinstance(p, dict)]
-        return SURVIVED if "survived" in fates else KILLED if "killed" in fates else OK
-    outcome = summary.get("outcome")
+        outcome = summary.get("outcome_so_far")
+    else:
+        outcome = summary.get("outcome")
     if isinstance(outcome, str) and outcome in OUTCOME_CODES:
         return OUTCOME_CODES[outcome]
     if summary.get("phase") == "serving":
@@ -148,16 +148,22 @@ def describe(summary: dict[str, Any]) -> str:
                      + " ".join(f"{pid}({names.get(pid)})" for pid in handed))
     if summary.get("outcome") is not None:
         parts.append(f"outcome={summary.get('outcome')}")
+    if isinstance(handed, list) and summary.get("outcome_so_far") is not None:
+        parts.append(f"so far={summary.get('outcome_so_far')}")
     parts.extend(f"{fate}={n}" for fate, n in sorted(counts.items()))
+    # At a handover the main processes (and what comes after them) still run, as planned.
+    unsettled = () if isinstance(handed, list) else ("running",)
     hard = [
         f"{p.get('pid')}({p.get('name')}):{p.get('fate')}"
         for p in processes
-        if p.get("fate") in ("killed", "survived", "running")
+        if p.get("fate") in ("killed", "survived", *unsettled)
     ]
     if hard:
         parts.append("not graceful: " + " ".join(hard))
     drain = summary.get("drain") or summary.get("last_drain") or {}
     causes = drain.get("causes") if isinstance(drain, dict) else None
+    if isinstance(handed, list):
+        causes = summary.get("causes_so_far")
     if isinstance(causes, list) and causes:
         parts.append("causes: " + " | ".join(str(c) for c in causes))
     return "drain " + " ".join(parts)
