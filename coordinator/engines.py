@@ -89,15 +89,25 @@ PROFILES: dict[str, EngineProfile] = {
             r"|(\S*/)?vllm\s+serve)(\s|$)",
             r"^(\S*/)?vllm\s+serve(\s|$)"),
         tiers=(
-            # core.py:1451-1470, multiproc_executor.py:509-526 ("all workers exited
-            # gracefully"); the title is VLLM_PROCESS_NAME_PREFIX::… (system_utils.py:180-194).
+            # With its own graceful wait on (--shutdown-timeout N > 0), SIGTERM to the API
+            # server stops EngineCore and its workers gracefully itself (launcher.py:251-289,
+            # v1/utils.py:605-660): the API server goes first and alone, so the preStop hook
+            # can return before it and the kubelet's SIGTERM be its signal
+            # (coordinator/drain/handover.py). Only the API server's command line carries the
+            # flag (its children's are their process titles).
+            TierSpec(name="api-server", pattern=r"\s--shutdown-timeout(=|\s+)0*[1-9]",
+                     include_root=True, timeout_s=45.0),
+            # Without it, EngineCore first: core.py:1451-1470, multiproc_executor.py:509-526
+            # ("all workers exited gracefully"); the title is VLLM_PROCESS_NAME_PREFIX::…
+            # (system_utils.py:180-194). A dead EngineCore makes the API server exit.
             TierSpec(name="engine-core", pattern=r"VLLM::(EngineCore|DPCoordinator)",
                      timeout_s=30.0),
             TierSpec(name="workers", pattern=r"VLLM::Worker", timeout_s=10.0)),
         metrics_url="http://127.0.0.1:8000/metrics",
         inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
-        note="keep --disable-log-stats off (the in-flight gauges need it); the coordinator "
-             "waits for in-flight requests before the SIGTERM, so --shutdown-timeout may stay 0"),
+        note="keep --disable-log-stats off (the in-flight gauges need it); set "
+             "--shutdown-timeout (e.g. 30) so its API server, signalled first, stops its "
+             "engine itself and the preStop hook returns before it"),
     # sglang 0.5.23: the main process spawns schedulers and a detokenizer with
     # PDEATHSIG=SIGKILL (common.py:3432-3437). SIGTERM to the main process (after its first
     # request) drains without a bound, then ShutdownReq and kill_process_tree of its
@@ -122,9 +132,15 @@ PROFILES: dict[str, EngineProfile] = {
     # (common/utils/graceful_shutdown.py:68-169); a second signal is ignored (:196-200).
     # Killing a child first breaks that (dynamo#5775). Engine gauges re-exported on
     # DYN_SYSTEM_PORT (vllm/main.py:308, sglang/publisher.py:521-526).
+    # dynamo.mocker, the same worker runtime around a simulated engine, one process: its
+    # SIGTERM/SIGINT handler calls runtime.shutdown() at once (mocker/main.py:34-42,
+    # 269-273: no discovery grace period), which withdraws it from discovery, waits for
+    # in-flight requests ("Waiting for inflight requests to complete") and exits 0; a second
+    # signal only repeats that (measured, docs/engines.md). It exports none of the engine
+    # gauges below, only the runtime's dynamo_component_inflight_requests.
     "dynamo": EngineProfile(
         name="dynamo",
-        adopt_patterns=(_PYTHON + r"-m\s+dynamo\.(vllm|sglang|trtllm)(\s|$)",),
+        adopt_patterns=(_PYTHON + r"-m\s+dynamo\.(vllm|sglang|trtllm|mocker)(\s|$)",),
         tiers=root_first("dynamo", 30.0),
         inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting",
                           "sglang:num_running_reqs", "sglang:num_queue_reqs"),

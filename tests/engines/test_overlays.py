@@ -2,14 +2,16 @@
 real engine started with the overlay's own engine command, and the coordinator with the
 overlay's own settings (only addresses and paths moved onto this machine; the engine gets a
 tiny model and CPU flags). A stream is put in flight and the pod drained as its preStop hook
-does (``GET /drain`` with the token): the stream ends whole, every process of the engine
-exits 0 with no SIGKILL (the engine's own log shows no escalation), nothing is left."""
+does (the rendered hook command, then the kubelet's SIGTERM to the main process once it
+returned): the stream ends whole, every process of the engine exits 0 with no SIGKILL (the
+engine's own log shows no escalation), nothing is left."""
 
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.deploy.rendering import SHIPPED, Rendered, kubectl, render, stage
+from tests.deploy.rendering import DRAIN_HOOK, SHIPPED, Rendered, kubectl, render, stage
 from tests.engines.stack import ROOT, alive, start_vllm, tree
 from tests.engines.test_vllm_adopted import escalations
 from tests.engines.tiny_model import prompt
@@ -66,17 +68,38 @@ def start_coordinator_as_rendered(janitor: ProcessJanitor, tmp: Path, pod: Rende
     return Running(proc=proc, url=url, token=token, log=log)
 
 
-# adopted-vllm is not yet one of them: its 60 s grace period (45 s budget, 10 s min-drain)
-# cuts EngineCore's tier to ~7.6 s here, less than vLLM's executor takes to stop its workers
-# on this CPU, so EngineCore needed SIGKILL when it ran.
-@pytest.mark.parametrize("overlay", ["vllm"])
+def hook_command(pod: Rendered, coordinator: Running, tmp: Path) -> list[str]:
+    """The engine container's rendered preStop command, run here: its interpreter and the
+    mounted hook's path moved onto this machine, every argument as rendered."""
+    command = list(pod.engine["lifecycle"]["preStop"]["exec"]["command"])
+    assert command[0] == "python3"
+    assert command[1].endswith("/drain_hook.py")
+    token = tmp / "hook-token"
+    token.write_text(f"{coordinator.token}\n")
+    return [sys.executable, str(DRAIN_HOOK), *command[2:], "--url", coordinator.url,
+            "--token-file", str(token)]
+
+
+@pytest.mark.parametrize("overlay", ["vllm", "adopted-vllm"])
 def test_the_overlay_drains_its_real_engine(janitor: ProcessJanitor, tmp_path: Path,
                                             tiny_model: Path, overlay: str) -> None:
+    """1. the overlay rendered; the real vLLM started with its engine command, the coordinator
+    with its settings; 2. a 400-token stream in flight, the rendered preStop command runs;
+    3. it returns 0 as the kill starts: the overlay sets vLLM's --shutdown-timeout, so its
+    profile signals the API server (the container's main process) first and alone, and that
+    signal is left to the kubelet; 4. the test, as the kubelet, sends it; 5. the stream ended
+    whole before the kill, the API server stopped EngineCore and its Worker itself, every
+    process exited 0 with no SIGKILL (the engine's log shows no escalation), nothing is
+    left."""
     pod = rendered(overlay, tmp_path / "render")
     command = pod.engine["command"]
     assert command[:2] == ["python3", "-m"], command  # the stock command, run as it is
     assert pod.settings["SHUTDOWN_COORDINATOR_ENGINE"] == "vllm"
-    vllm = start_vllm(janitor, tmp_path, tiny_model, argv=command[1:])
+    # the overlay's own flags, but those naming the model and the address (moved here)
+    kept = [a for a in pod.engine.get("args", [])
+            if not a.startswith(("--model", "--host", "--port"))]
+    assert "--shutdown-timeout=30" in kept
+    vllm = start_vllm(janitor, tmp_path, tiny_model, argv=[*command[1:], *kept])
     before = tree(vllm.proc.pid)
     coordinator = start_coordinator_as_rendered(janitor, tmp_path, pod, vllm.url)
     wait_for(lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
@@ -92,19 +115,26 @@ def test_the_overlay_drains_its_real_engine(janitor: ProcessJanitor, tmp_path: P
             if line.startswith("data: {"):
                 chunks.append(json.loads(line[6:]))
                 break
-        hook = httpx.Client(base_url=coordinator.url, headers=coordinator.headers, timeout=180)
-        with hook:
-            # The preStop hook's GET, sent while the stream is in flight; answered at the end.
-            pending = hook.build_request("GET", "/drain")
-            started = time.time()
-            drain = _send_in_background(hook, pending)
-            for line in lines:
-                if line == "data: [DONE]":
-                    done_at.append(time.time())
-                    break
-                if line.startswith("data: {"):
-                    chunks.append(json.loads(line[6:]))
-            summary = drain()
+        # The preStop hook, started while the stream is in flight.
+        started = time.time()
+        hook = janitor.spawn(hook_command(pod, coordinator, tmp_path), stdout=subprocess.PIPE,
+                             text=True)
+        for line in lines:
+            if line == "data: [DONE]":
+                done_at.append(time.time())
+                break
+            if line.startswith("data: {"):
+                chunks.append(json.loads(line[6:]))
+    out, _ = hook.communicate(timeout=300)
+    assert hook.returncode == 0, out
+    assert f"main left to the kubelet's SIGTERM: {vllm.proc.pid}(" in out
+    # vLLM's profile with --shutdown-timeout: the API server's tier is the first, so the hook
+    # returns as the kill starts, the whole tree still running, nothing signalled yet.
+    assert alive(list(before)) == sorted(before)
+    vllm.proc.send_signal(signal.SIGTERM)  # the kubelet's, once the hook returned
+    with coordinator.client(timeout=180) as client:
+        summary = client.get("/drain").json()  # joins the drain; answers at its end
+
     # "length": all 400 tokens generated (an abort says "abort", or cuts the stream).
     assert done_at, "the stream was cut"
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
@@ -116,22 +146,12 @@ def test_the_overlay_drains_its_real_engine(janitor: ProcessJanitor, tmp_path: P
     assert set(before) <= {p["pid"] for p in report}
     assert {p["fate"] for p in report} == {"exited"}, report
     assert not [p for p in report if p.get("killed_at")], report
+    # the API server stopped its engine itself: the coordinator signalled neither EngineCore
+    # nor its Worker (what outlives the API server, e.g. the resource tracker, it may)
+    engine = [p for p in report if p["name"].startswith("VLLM::")]
+    assert len(engine) >= 2, report
+    assert not [p for p in engine if p.get("signalled_at")], report
+    assert next(p for p in report if p["pid"] == vllm.proc.pid)["signalled_at"]
     assert vllm.proc.wait(timeout=30) == 0
     assert escalations(vllm) == []
     assert alive(list(before)) == []
-
-
-def _send_in_background(client: httpx.Client, request: httpx.Request) -> Any:
-    """Send ``request`` from a thread; the returned call waits for and parses the answer."""
-    answer: list[httpx.Response] = []
-    thread = threading.Thread(target=lambda: answer.append(client.send(request)))
-    thread.start()
-
-    def result() -> dict[str, Any]:
-        thread.join(timeout=180)
-        assert answer, "the drain did not answer"
-        assert answer[0].status_code == 200, answer[0].text
-        data: dict[str, Any] = answer[0].json()
-        return data
-
-    return result

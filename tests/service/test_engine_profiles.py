@@ -5,6 +5,7 @@ profile ends every process cleanly where the default order makes the engine kill
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ ROOTS = {
              "vllm serve m"],
     "sglang": ["python3 -m sglang.launch_server --model-path m --port 30000",
                "/usr/bin/python3.11 /usr/local/bin/sglang serve --model-path m"],
-    "dynamo": ["python3 -m dynamo.vllm --model m", "python -m dynamo.sglang --model-path m"],
+    "dynamo": ["python3 -m dynamo.vllm --model m", "python -m dynamo.sglang --model-path m",
+               "/opt/venv/bin/python -m dynamo.mocker --model-path m --model-name m"],
     "trtllm": ["/usr/bin/python3 /usr/local/bin/trtllm-serve m --port 8000",
                "trtllm-serve m"],
     "tgi": ["text-generation-launcher --model-id m",
@@ -40,7 +42,7 @@ NOT_ROOTS = [
     "bash -c vllm serve m",
     "sh -c python3 -m sglang.launch_server --model-path m",
     "VLLM::EngineCore", "VLLM::Worker_TP0", "sglang::scheduler_TP0", "sglang::detokenizer",
-    "python3 -m dynamo.frontend --http-port 8000",
+    "python3 -m dynamo.frontend --http-port 8000", "python3 -m dynamo.mockery",
     "/usr/bin/python3 /usr/local/bin/text-generation-server serve m --uds-path /tmp/x",
     "text-generation-router --port 3000",
     "python3 -m mpi4py.futures.server",
@@ -65,8 +67,8 @@ VLLM_TREE = [Member(10, 1, 0, "python3", "vllm serve m", "adopted", 10),
                     "import main;main(5)", None, 10)]
 
 
-def planned(engine: str) -> list[tuple[str, tuple[int, ...]]]:
-    plan = plan_tiers(VLLM_TREE, {10: tuple(Settings(engine=engine).adopt_tiers)},
+def planned(engine: str, tree: list[Member] = VLLM_TREE) -> list[tuple[str, tuple[int, ...]]]:
+    plan = plan_tiers(tree, {10: tuple(Settings(engine=engine).adopt_tiers)},
                       default_signal=signal.SIGTERM, default_timeout_s=10.0)
     return [(t.name, t.pids) for t in plan]
 
@@ -84,13 +86,27 @@ def test_vllm_engine_core_first_then_its_workers_the_api_server_last() -> None:
     assert [t[1] for t in planned("generic")] == [(12,), (11, 13), (10,)]
 
 
+@pytest.mark.parametrize("flag", ["--shutdown-timeout=30", "--shutdown-timeout 5"])
+def test_vllm_with_its_own_graceful_wait_gets_the_api_server_first(flag: str) -> None:
+    """The API server stops its engine itself when its --shutdown-timeout is on; a timeout
+    of 0 (vLLM's default) is the same as none."""
+    root = VLLM_TREE[0]
+    with_wait = [dataclasses.replace(root, cmdline=f"vllm serve m {flag} --port 8000"),
+                 *VLLM_TREE[1:]]
+    # what outlives the API server is then stopped in the order without it
+    assert planned("vllm", with_wait) == [("api-server", (10,)), ("engine-core", (11,)),
+                                          ("workers", (12,)), ("depth-1", (13,))]
+    zero = [dataclasses.replace(root, cmdline="vllm serve m --shutdown-timeout=0"), *VLLM_TREE[1:]]
+    assert planned("vllm", zero)[0] == ("engine-core", (11,))
+
+
 def test_a_flag_given_wins_over_the_profile() -> None:
     settings = Settings(engine="vllm", adopt_patterns=["mine"], engine_metrics_url=None,
                         engine_inflight_metrics=["my:gauge"])
     assert settings.adopt_patterns == ["mine"]
     assert settings.engine_metrics_url is None
     assert settings.engine_inflight_metrics == ["my:gauge"]
-    assert [t.name for t in settings.adopt_tiers] == ["engine-core", "workers"]
+    assert [t.name for t in settings.adopt_tiers] == ["api-server", "engine-core", "workers"]
     assert Settings(engine="sglang").engine_metrics_url == "http://127.0.0.1:30000/metrics"
     assert Settings().adopt_patterns == []
 
