@@ -136,8 +136,8 @@ PROFILES: dict[str, EngineProfile] = {
     # SIGTERM/SIGINT handler calls runtime.shutdown() at once (mocker/main.py:34-42,
     # 269-273: no discovery grace period), which withdraws it from discovery, waits for
     # in-flight requests ("Waiting for inflight requests to complete") and exits 0; a second
-    # signal only repeats that (measured, docs/engines.md). It exports none of the engine
-    # gauges below, only the runtime's dynamo_component_inflight_requests.
+    # signal only repeats that. Once it has served a request it exports vllm:num_requests_*
+    # on DYN_SYSTEM_PORT (measured, docs/engines.md).
     "dynamo": EngineProfile(
         name="dynamo",
         adopt_patterns=(_PYTHON + r"-m\s+dynamo\.(vllm|sglang|trtllm|mocker)(\s|$)",),
