@@ -39,7 +39,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ import httpx
 import pytest
 
 from coordinator.drain.handover import LEFT_TO_CALLER
-from tests.deploy.rendering import DRAIN_HOOK, Rendered
+from tests.deploy.rendering import Rendered
 from tests.engines.stack import (
     DYNAMO_START_S,
     LOOPBACK_ENV,
@@ -63,9 +62,8 @@ from tests.engines.stack import (
     tree,
     wait_http,
 )
-from tests.engines.test_overlays import rendered, start_coordinator_as_rendered
+from tests.engines.test_overlays import hook_command, rendered, start_coordinator_as_rendered
 from tests.engines.tiny_model import prompt
-from tests.service.servers import Running
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
@@ -82,18 +80,6 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def plain(path: Path) -> str:
     """A Dynamo log without its colour codes."""
     return ANSI.sub("", path.read_text(errors="replace"))
-
-
-def prestop_command(pod: Rendered, coordinator: Running, tmp: Path) -> list[str]:
-    """The engine container's rendered preStop command: its interpreter and the mounted
-    hook's path moved onto this machine, every argument as rendered."""
-    command = list(pod.engine["lifecycle"]["preStop"]["exec"]["command"])
-    assert command[:2] == ["python3", "/opt/shutdown-coordinator/hook/drain_hook.py"], command
-    assert "--main-by-kubelet" in command[2:]
-    token = tmp / "hook-token"
-    token.write_text(f"{coordinator.token}\n")
-    return [sys.executable, str(DRAIN_HOOK), *command[2:], "--url", coordinator.url,
-            "--token-file", str(token)]
 
 
 def system_port() -> int:
@@ -270,8 +256,9 @@ def test_the_dynamo_worker_overlay_drains_dynamos_own_worker_runtime(
 
     # The preStop hook, while the stream is in flight; the probe (as /status shows it) and
     # the runtime's own gauge are read as the drain goes.
+    assert "--main-by-kubelet" in pod.engine["lifecycle"]["preStop"]["exec"]["command"]
     hook_at = time.time()
-    hook = janitor.spawn(prestop_command(pod, coordinator, tmp_path), stdout=subprocess.PIPE,
+    hook = janitor.spawn(hook_command(pod, coordinator, tmp_path), stdout=subprocess.PIPE,
                          text=True)
     probes: list[dict[str, Any]] = []
     gauges: list[float | None] = []
