@@ -13,7 +13,11 @@ instead of being cut by the kill.
     2. each later read that changes the count bumps ``/status`` (``engine_inflight``);
     3. an endpoint that cannot be read or parsed counts as settled (the engine may be gone, or
        never exported the gauges): the reason is shown in ``/status`` and logged once, and the
-       drain goes on.
+       drain goes on;
+    4. an endpoint that answers too slowly does not: an engine busy streaming answers its
+       metrics late (vLLM's API server serves them from the loop that streams the tokens), so
+       the last count read holds, the reason is shown, and the next read is tried; the
+       migration deadline bounds the wait.
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.1
 """Between two reads: a finished request is noticed within this, at one small GET each."""
-TIMEOUT_S = 1.0
-"""One read at most (the engine answers its metrics from its HTTP process)."""
+TIMEOUT_S = 5.0
+"""One whole read at most. A read that takes longer is slow, not failed (step 4)."""
+SLOW = f"not read whole within {TIMEOUT_S:g}s"
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """A metrics page larger than this is not read on (vLLM's is ~100 KB with histograms): the read
 stops at this size, so an engine that streams without end costs this much memory, no more."""
@@ -64,10 +69,12 @@ class Reading:
     count: int | None = None
     read_at: float | None = None
     error: str | None = None
+    slow: bool = False
+    """The last read timed out: ``count`` is the one read before it (step 4)."""
 
     def to_status(self) -> dict[str, Any]:
         return {"url": self.url, "inflight": self.count, "read_at": self.read_at,
-                "error": self.error}
+                "error": self.error, "slow": self.slow}
 
 
 class EngineProbe:
@@ -84,8 +91,8 @@ class EngineProbe:
     @property
     def settled(self) -> bool:
         """No in-flight request left, as far as the engine's metrics tell."""
-        if not self._read_once:
-            return False  # step 1
+        if not self._read_once or self.reading.slow:
+            return False  # steps 1 and 4
         return self.reading.error is not None or not self.reading.count
 
     def start(self) -> None:
@@ -106,11 +113,15 @@ class EngineProbe:
         async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
             while True:
                 count, error = await self._read(http)
+                slow = error == SLOW
+                if slow:  # step 4: the last count holds
+                    count = self.reading.count
                 changed = (count, error) != (self.reading.count, self.reading.error)
                 if error is not None and error != self.reading.error:
-                    log.warning("engine metrics at %s: %s (its in-flight requests cannot be "
-                                "waited for)", self.url, error)
-                self.reading = Reading(self.url, count, time.time(), error)
+                    log.warning("engine metrics at %s: %s (%s)", self.url, error,
+                                "waiting on the last count read" if slow else
+                                "its in-flight requests cannot be waited for")
+                self.reading = Reading(self.url, count, time.time(), error, slow)
                 first = not self._read_once
                 self._read_once = True
                 if changed or first:  # step 2
@@ -130,7 +141,7 @@ class EngineProbe:
                     if len(body) > MAX_BODY_BYTES:
                         return None, f"page larger than {MAX_BODY_BYTES} bytes"
         except TimeoutError:
-            return None, f"not read whole within {TIMEOUT_S:g}s"
+            return None, SLOW
         except httpx.HTTPError as exc:
             return None, f"not reachable ({exc.__class__.__name__}: {exc})"
         try:

@@ -5,7 +5,8 @@ among other families), the running count read from COUNT_FILE at each request (t
 writes it), appends that count to COUNT_FILE.reads (one line a read), and exits 0 on SIGTERM
 once it has closed its socket. ``GET /endless`` is a page that never ends (comment lines, sent
 until the reader goes away); each one it served is counted in COUNT_FILE.endless, with the
-bytes the reader took."""
+bytes the reader took. ``GET /slow`` is ``/metrics`` held back while COUNT_FILE.slow
+exists."""
 
 from __future__ import annotations
 
@@ -44,11 +45,14 @@ def main(count_file: Path, port_file: Path) -> None:
             if self.path == "/endless":
                 self.endless()
                 return
+            if self.path == "/slow":  # held while the test keeps COUNT_FILE.slow
+                while count_file.with_suffix(".slow").exists() and not stop.is_set():
+                    stop.wait(0.05)
             running, _, waiting = count_file.read_text().strip().partition(" ")
             with reads.open("a") as log:  # what the test counts: each read, with its answer
                 log.write(f"{running}\n")
             body = PAGE.format(running=int(running), waiting=int(waiting or 0)).encode()
-            self.send_response(200 if self.path == "/metrics" else 404)
+            self.send_response(200 if self.path in ("/metrics", "/slow") else 404)
             self.send_header("Content-Type", "text/plain; version=0.0.4")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()

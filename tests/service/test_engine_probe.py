@@ -122,3 +122,35 @@ def test_a_page_without_end_is_cut_at_its_limit(janitor: ProcessJanitor,
     served = [int(n) for n in count.with_suffix(".endless").read_text().split()]
     assert served
     assert all(n < MAX_BODY_BYTES + 16 * 1024 * 1024 for n in served), served
+
+
+def test_a_slow_metrics_page_holds_the_last_count(janitor: ProcessJanitor,
+                                                  tmp_path: Path) -> None:
+    """1. an adopted engine whose metrics say 2 requests run; a drain reads them; 2. the
+    engine then answers its metrics too slowly (busy, as vLLM's API server is while it
+    streams): /status says the read is slow and keeps 2, the drain stays in migrating and the
+    engine has received no signal (it runs, its reads log shows no new answer); 3. the engine
+    answers again with 0: the drain goes on, the engine exits 0 on its SIGTERM."""
+    engine, count, port = start_engine(janitor, tmp_path, running=2)
+    running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "120",
+                                "--adopt-pid", str(engine.pid), "--engine-metrics-url",
+                                f"http://127.0.0.1:{port}/slow")
+    with running.client() as client:
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+    wait_for(lambda: (r := reading(running))["inflight"] == 2 and r["phase"] == "migrating",
+             what="the probe reading 2 while migrating")
+    count.with_suffix(".slow").touch()
+    slow = wait_for(lambda: (r := reading(running))["slow"] and r, what="a slow read")
+    assert slow["inflight"] == 2
+    assert slow["error"] == "not read whole within 5s"
+    assert slow["phase"] == "migrating"
+    assert engine.poll() is None
+    count.write_text("0 0")
+    count.with_suffix(".slow").unlink()
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.wait(timeout=60) == 0
+    assert summary["outcome"] == "graceful"
+    assert summary["engine_inflight"]["inflight"] == 0
+    assert summary["engine_inflight"]["slow"] is False
+    assert count.with_suffix(".reads").read_text().split()[-1] == "0"
