@@ -224,7 +224,7 @@ class DrainController:
     @property
     def running(self) -> bool:
         """A drain is in progress (not serving, not done)."""
-        return self.phase in (Phase.DRAINING, Phase.MIGRATING, Phase.TERMINATING)
+        return self.phase.draining
 
     # --- the operations ------------------------------------------------------------------
 
@@ -375,7 +375,7 @@ class DrainController:
         except Exception as exc:
             # Whatever failed before the kill, the engine's processes still get it.
             self._failed(drain, "before the kill", exc)
-            while self.phase in (Phase.DRAINING, Phase.MIGRATING):
+            while self.phase.before_kill:
                 self.machine.advance(Phase.MIGRATING if self.phase is Phase.DRAINING
                                      else Phase.TERMINATING)
         if self.phase is not Phase.TERMINATING:

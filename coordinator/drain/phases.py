@@ -40,6 +40,28 @@ class Phase(enum.StrEnum):
     DONE = "done"
     """Every registered process is gone; the summary is final."""
 
+    @property
+    def draining(self) -> bool:
+        """A drain is in progress: past ``serving``, not yet ``done``."""
+        return self in (Phase.DRAINING, Phase.MIGRATING, Phase.TERMINATING)
+
+    @property
+    def before_kill(self) -> bool:
+        """A drain runs and nothing is signalled yet (``draining`` or ``migrating``): it can
+        still be aborted, and workers still hand requests back."""
+        return self in (Phase.DRAINING, Phase.MIGRATING)
+
+    @property
+    def killing_or_done(self) -> bool:
+        """The kill has started (``terminating``) or ended (``done``): the process list is the
+        kill's, workers are no longer asked anything."""
+        return self in (Phase.TERMINATING, Phase.DONE)
+
+    @property
+    def idle(self) -> bool:
+        """No drain runs (``serving``, or ``done`` until the next cycle)."""
+        return self in (Phase.SERVING, Phase.DONE)
+
 
 class Move(enum.StrEnum):
     """What a transition means (the timeline's notes say why it happened)."""

@@ -129,7 +129,7 @@ class Coordinator:
             await self.state.load(self.settings.state_file)
         await self.rescan()
         self.scan.start(self.settings.process_scan_interval_s, self._roots,
-                        paused=lambda: self.machine.phase in (Phase.TERMINATING, Phase.DONE))
+                        paused=lambda: self.machine.phase.killing_or_done)
         await self.writer.flush()  # a path that cannot be written shows in /status at once
         self._sweeper = asyncio.get_running_loop().create_task(expiry.sweep_forever(self))
 
@@ -165,7 +165,7 @@ class Coordinator:
         self._router_cache = None
         timeline = self.machine.timeline
         if len(timeline) != self._timeline_seen:
-            if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+            if self.machine.phase.killing_or_done:
                 self._processes_epoch += 1  # the list switches to the kill's outcomes
             self._on_transition(timeline[max(0, self._timeline_seen - 1):])
             self._timeline_seen = len(timeline)
@@ -186,7 +186,7 @@ class Coordinator:
     def _on_transition(self, entries: list[Transition]) -> None:
         for previous, current in itertools.pairwise(entries):
             # Serving is no drain phase; done lasts until the next cycle, not the drain.
-            if previous.phase not in (Phase.SERVING, Phase.DONE):
+            if not previous.phase.idle:
                 self.metrics.phase_seconds.labels(previous.phase.value).observe(
                     max(0.0, current.at - previous.at))
         self.metrics.set_phase(self.machine.phase)
@@ -336,7 +336,7 @@ class Coordinator:
     def process_list(self) -> list[dict[str, Any]]:
         merged: dict[int, ProcessOutcome] = dict(self.scan.scanned)
         drain = self.controller.drain or self.controller.last
-        if drain is not None and self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+        if drain is not None and self.machine.phase.killing_or_done:
             if self.machine.phase is Phase.DONE:
                 merged = {}
             for outcome in drain.outcomes.values():
@@ -444,7 +444,7 @@ class Coordinator:
         """Events a stream opened mid-drain must see right after its ``hello``."""
         drain = self.controller.drain
         phase = self.machine.phase
-        if drain is None or phase in (Phase.SERVING, Phase.DONE):
+        if drain is None or phase.idle:
             return []
         events = [self._drain_event(drain)]
         if phase is Phase.TERMINATING:
@@ -557,7 +557,7 @@ class Coordinator:
         """A registered worker's process ended: list what it left behind (children it
         started since the last scan, reparented away) at once, while no kill runs."""
         self.scan.root_exited(worker.pid, worker.start_time)
-        if self.machine.phase in (Phase.TERMINATING, Phase.DONE):
+        if self.machine.phase.killing_or_done:
             return  # the kill's own discovery is at work
         try:
             self.scan.rescan_soon(self._roots())
