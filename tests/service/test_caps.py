@@ -8,6 +8,7 @@ from ``/status`` and ``/metrics``, and the processes' own ends from the OS.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -246,13 +247,24 @@ def open_stream(running: Running, worker_id: str) -> tuple[socket.socket, bytes]
                  f"Authorization: Bearer {TOKEN}\r\nAccept: application/x-ndjson\r\n\r\n"
                  .encode())
     got = b""
-    while b"\r\n\r\n" not in got or (b" 200 " in got.split(b"\r\n", 1)[0]
-                                     and b'"hello"' not in got):
+    while not _whole(got):
         chunk = sock.recv(65536)
         if not chunk:
             break
         got += chunk
     return sock, got
+
+
+def _whole(got: bytes) -> bool:
+    """The head and the ``hello`` line of a stream, or the head and the body of a refusal
+    (its ``content-length``): both may come in more than one segment."""
+    head, sep, body = got.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    if b" 200 " in head.split(b"\r\n", 1)[0]:
+        return b'"hello"' in body and body.rstrip().endswith(b"}")
+    length = re.search(rb"(?im)^content-length: *(\d+)", head)
+    return length is not None and len(body) >= int(length.group(1))
 
 
 def still_open(sock: socket.socket) -> bool:
