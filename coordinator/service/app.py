@@ -159,9 +159,9 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
         timeout = remaining(drain.deadlines.deadline_at, coordinator.controller.clock())
         finished = await coordinator.controller.wait(timeout + WAIT_SLACK_S)
         if finished:
-            _, etag, body = coordinator.status_bytes()
+            _, etag, body = coordinator.view.status_bytes()
             return Response(body, media_type=JSON, headers={"ETag": etag})
-        document = coordinator.status_document()
+        document = coordinator.view.status_document()
         document["outcome"] = "timeout"
         return JSONResponse(document)
 
@@ -185,16 +185,16 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
                 controller.handover.forget(handed)  # step 3: takes nothing over
                 coordinator.bump()
         if handed.done() and not handed.cancelled():
-            document = coordinator.status_document()
+            document = coordinator.view.status_document()
             document["main_left_to_caller"] = handed.result()
             verdict = so_far(drain.outcomes.values(), force=drain.force)
             document["outcome_so_far"] = verdict.outcome
             document["causes_so_far"] = list(verdict.causes)
             return JSONResponse(document)
         if ended.done() and not ended.cancelled() and ended.result():
-            _, etag, body = coordinator.status_bytes()
+            _, etag, body = coordinator.view.status_bytes()
             return Response(body, media_type=JSON, headers={"ETag": etag})
-        document = coordinator.status_document()
+        document = coordinator.view.status_document()
         if not gone.done():
             document["outcome"] = "timeout"
         return JSONResponse(document)
@@ -244,7 +244,7 @@ def create_app(settings: Settings, *, kill: KillFn | None = None,
         it stays as the documented, validating fallback with the same behaviour.
         """
         await long_poll(coordinator, wait, since, settings.long_poll_cap_s)
-        _, etag, body = coordinator.status_bytes(view)
+        _, etag, body = coordinator.view.status_bytes(view)
         if request.headers.get("if-none-match") == etag:
             return Response(status_code=304, headers={"ETag": etag})
         return Response(body, media_type=JSON, headers={"ETag": etag,

@@ -16,7 +16,8 @@ from urllib.parse import parse_qsl
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from coordinator.errors import LimitReached
-from coordinator.service.runtime import FULL_VIEW, VIEWS, Coordinator
+from coordinator.service.runtime import Coordinator
+from coordinator.service.status_view import FULL_VIEW, VIEWS
 
 MAX_WAIT_S = 86_400.0
 MAX_SINCE = 2**53
@@ -112,7 +113,7 @@ class StatusFastPath:
                                     *limit_headers(exc)]})
             await send({"type": "http.response.body", "body": limit_body(exc)})
             return
-        _, etag, body = self.coordinator.status_bytes(poll[2])
+        _, etag, body = self.coordinator.view.status_bytes(poll[2])
         tag = etag.encode()
         if if_none_match == tag:
             await send({"type": "http.response.start", "status": 304,

@@ -1,7 +1,7 @@
 """The coordinator's live state: phase machine, workers, migrations, processes, drain.
 
 ``Coordinator`` is what the HTTP handlers talk to. It implements the drain controller's
-``Fleet`` protocol, renders the ``/status`` document (cached per generation), persists the
+``Fleet`` protocol, holds the ``/status`` view (``status_view.StatusView``), persists the
 state file on every change, and at start-up resumes a persisted drain, or, when the persisted
 drain is done and its processes are gone, starts the next cycle (serving, the drain kept as
 ``last_drain``). A state file that cannot be restored whole is set aside and the coordinator
@@ -16,23 +16,20 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
-import os
 import signal
 import time
 import uuid
 from collections.abc import Awaitable
 from typing import Any
 
-from coordinator import __version__, startup_check
+from coordinator import startup_check
 from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.errors import DrainConflict, LimitReached
 from coordinator.kill.policy import Target, TierSpec
-from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service import adoption, drain_log, expiry, identity, posture
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.engine_probe import EngineProbe
@@ -40,18 +37,15 @@ from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
 from coordinator.service.notifier import Notifier
-from coordinator.service.persistence import TIMELINE_KEPT, StateKeeper
-from coordinator.service.process_scan import ProcessScan, Roots, process_entry
+from coordinator.service.persistence import StateKeeper
+from coordinator.service.process_scan import ProcessScan, Roots
 from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
 from coordinator.service.restore import RestoredState
+from coordinator.service.status_view import StatusView
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
 
-FULL_VIEW = "full"
-ROUTER_VIEW = "router"
-"""``GET /status?view=router``: the document without ``processes`` and the history."""
-VIEWS = (FULL_VIEW, ROUTER_VIEW)
 
 
 class Coordinator:
@@ -84,16 +78,13 @@ class Coordinator:
             EngineProbe(settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
                         on_change=self.bump)
             if settings.engine_metrics_url else None)
-        self._cache: tuple[int, str, bytes] | None = None
-        self._router_cache: tuple[int, str, bytes] | None = None
-        self._processes_epoch = 0
-        """Bumped whenever the process list may have changed (its JSON is cached apart)."""
-        self._processes_cache: tuple[int, bytes, bytes] | None = None
         self._loop_ready = False
         self._notify_pending = False
         self._sweeper: asyncio.Task[None] | None = None
-        self._effective = startup_check.effective(settings)
+        self.effective = startup_check.effective(settings)
         """The settings a drain runs with (budget split, adoption), shown in ``/status``."""
+        self.view = StatusView(self)
+        """``/status`` as documents and as bytes, cached per generation."""
         self.long_polls = 0
         """``GET /status?wait`` callers waiting now (bounded by ``max_long_polls``)."""
         self.controller = DrainController(
@@ -157,16 +148,14 @@ class Coordinator:
 
     def processes_changed(self) -> None:
         """The process list changed (a scan, a kill outcome)."""
-        self._processes_epoch += 1
+        self.view.processes_changed()
         self.machine.bump()
 
     def _changed(self, _generation: int) -> None:
-        self._cache = None
-        self._router_cache = None
         timeline = self.machine.timeline
         if len(timeline) != self._timeline_seen:
             if self.machine.phase.killing_or_done:
-                self._processes_epoch += 1  # the list switches to the kill's outcomes
+                self.view.processes_changed()  # the list switches to the kill's outcomes
             self._on_transition(timeline[max(0, self._timeline_seen - 1):])
             self._timeline_seen = len(timeline)
         if self._loop_ready:
@@ -211,7 +200,7 @@ class Coordinator:
         # durations are observed from here on.
         self._timeline_seen = len(state.timeline) + 1
         self.machine.restore(state.phase, state.generation, state.timeline)
-        self._processes_epoch += 1
+        self.view.processes_changed()
         self.metrics.set_phase(state.phase)
         if state.drain is not None and state.phase is not Phase.SERVING:
             log.info("state file: resuming a drain in phase %s", state.phase)
@@ -230,118 +219,6 @@ class Coordinator:
         self.metrics.new_cycles.labels(trigger).inc()
         self.processes_changed()
         log.info("new cycle (%s): serving again", note)
-
-    # --- /status ---------------------------------------------------------------------------
-
-    def etag(self, view: str = FULL_VIEW) -> str:
-        suffix = "" if view == FULL_VIEW else f"-{view}"
-        return f'"{self.instance}-{self.machine.generation}{suffix}"'
-
-    def status_bytes(self, view: str = FULL_VIEW) -> tuple[int, str, bytes]:
-        """(generation, ETag, body) of ``/status`` (or its ``router`` view), serialized once
-        per generation.
-
-        The process list (hundreds of entries) is serialized apart and only when it changed,
-        so a change elsewhere (a phase, a worker's report) re-serializes a few hundred bytes.
-        """
-        if view == ROUTER_VIEW:
-            return self._router_bytes()
-        cache = self._cache
-        generation = self.machine.generation
-        if cache is not None and cache[0] == generation and self.settings.status_cache:
-            return cache
-        counts, processes = self._processes_json()
-        head = json.dumps(self.status_document(processes=False),
-                          separators=(",", ":")).encode()
-        body = b"".join((head[:-1], b',"counts":', counts, b',"processes":', processes, b"}"))
-        cache = (generation, self.etag(), body)
-        self._cache = cache
-        return cache
-
-    def _router_bytes(self) -> tuple[int, str, bytes]:
-        cache = self._router_cache
-        generation = self.machine.generation
-        if cache is not None and cache[0] == generation and self.settings.status_cache:
-            return cache
-        cache = (generation, self.etag(ROUTER_VIEW),
-                 json.dumps(self.router_document(), separators=(",", ":")).encode())
-        self._router_cache = cache
-        return cache
-
-    def router_document(self) -> dict[str, Any]:
-        """What a router needs from ``/status``: no process list, timeline or history, so
-        a long-poll answer to many routers stays a few KB whatever the pod's size."""
-        phase = self.machine.phase
-        current = self.controller.drain if phase is not Phase.SERVING else None
-        return {
-            "phase": phase.value,
-            "generation": self.machine.generation,
-            "ready": phase is Phase.SERVING,
-            "drain": current.to_status() if current else None,
-            "workers": [w.to_status() for w in self.registry.workers.values()],
-            "migrations": [m.to_dict() for m in self.migrations.pending.values()],
-            "migration_counts": self.migrations.counts(),
-        }
-
-    def _processes_json(self) -> tuple[bytes, bytes]:
-        cached = self._processes_cache
-        if cached is not None and cached[0] == self._processes_epoch and \
-                self.settings.status_cache:
-            return cached[1], cached[2]
-        processes = self.process_list()
-        counts = {fate.value: 0 for fate in Fate}
-        for entry in processes:
-            counts[entry["fate"]] += 1
-        encoded = (json.dumps(counts, separators=(",", ":")).encode(),
-                   json.dumps(processes, separators=(",", ":")).encode())
-        self._processes_cache = (self._processes_epoch, *encoded)
-        return encoded
-
-    def status_document(self, *, processes: bool = True) -> dict[str, Any]:
-        """The ``/status`` document (the drain summary is the same document at ``done``)."""
-        controller = self.controller
-        phase = self.machine.phase
-        current = controller.drain if phase is not Phase.SERVING else None
-        last = controller.last
-        document: dict[str, Any] = {
-            "phase": phase.value,
-            "generation": self.machine.generation,
-            "ready": phase is Phase.SERVING,
-            "drain": current.to_status() if current else None,
-            "outcome": (current.outcome if current else (last.outcome if last else None)),
-            "last_drain": last.to_status() if last else None,
-            "workers": [w.to_status() for w in self.registry.workers.values()],
-            "migrations": [m.to_dict() for m in self.migrations.pending.values()],
-            "migration_counts": self.migrations.counts(),
-            "adopted": [{"pid": f.pid, "name": f.name} for f in self.scan.adopted],
-            "timeline": [t.to_dict() for t in self.machine.timeline[-TIMELINE_KEPT:]],
-            "coordinator": {"pid": os.getpid(), "version": __version__,
-                            "started_at": self.started_at},
-            "state_file": self.state.status(),
-            "security": self.posture.to_status(),
-            "settings": self._effective,
-            "engine_inflight": (self.engine_probe.reading.to_status()
-                                if self.engine_probe is not None else None),
-            "main_handover": {"waiting": controller.handover.waiting,
-                              "handed": controller.handover.handed},
-        }
-        if processes:
-            entries = self.process_list()
-            counts = {fate.value: 0 for fate in Fate}
-            for entry in entries:
-                counts[entry["fate"]] += 1
-            document.update(counts=counts, processes=entries)
-        return document
-
-    def process_list(self) -> list[dict[str, Any]]:
-        merged: dict[int, ProcessOutcome] = dict(self.scan.scanned)
-        drain = self.controller.drain or self.controller.last
-        if drain is not None and self.machine.phase.killing_or_done:
-            if self.machine.phase is Phase.DONE:
-                merged = {}
-            for outcome in drain.outcomes.values():
-                merged[outcome.pid] = outcome
-        return [process_entry(o) for o in sorted(merged.values(), key=lambda o: o.pid)]
 
     # --- process scan (for /status while no kill runs) ---------------------------------------
 
