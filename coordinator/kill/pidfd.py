@@ -161,14 +161,6 @@ def support() -> Support:
         os.close(fd)
 
 
-def open_pidfd(pid: int) -> int | None:
-    """A non-inheritable pidfd for ``pid``, or None when no such process exists."""
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        return None
-
-
 def send_signal(fd: int, sig: int) -> bool:
     """Signal the process behind ``fd``; False when it has already exited (not an error)."""
     try:

@@ -405,9 +405,6 @@ class ProcessTable(TreeDiscovery):
     def unsignalled(self) -> list[Tracked]:
         return [t for t in self.live.values() if not t.exited and not t.signalled]
 
-    def running(self) -> list[Tracked]:
-        return [t for t in self.live.values() if not t.exited]
-
     # --- the end -------------------------------------------------------------------------
 
     def finish(self, prior_only: Iterable[ProcessOutcome]) -> None:

@@ -82,9 +82,6 @@ class ExitWatcher:
                     self._fire(pid)
             await asyncio.sleep(POLL_INTERVAL_S)
 
-    def exited(self, pid: int) -> bool:
-        return pid in self._exited
-
     async def wait(self, pids: set[int], timeout_s: float) -> bool:
         """Wait until every PID in ``pids`` has exited, at most ``timeout_s``; True if all did."""
         waiter = ExitWaiter(remaining={p for p in pids if p not in self._exited})

@@ -16,7 +16,7 @@ import psutil
 
 from coordinator.errors import RefusedTarget, TargetNotFound
 from coordinator.kill import patterns
-from coordinator.service.identity import ProcessFacts, facts, protected_pids, vet
+from coordinator.service.identity import ProcessFacts, protected_pids, vet
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +80,3 @@ def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[Proce
             continue
     return _topmost(vetted)
 
-
-def still_alive(found: ProcessFacts) -> bool:
-    """Whether the process is still the one discovered (same PID and start time)."""
-    try:
-        return facts(found.pid).start_time == found.start_time
-    except TargetNotFound:
-        return False

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
 from coordinator.errors import CoordinatorError
+from shutdown_wire import bearer_header
 
 LONG_POLL_S = 10.0
 
@@ -33,7 +33,7 @@ class CoordinatorClient:
     """Talks to one coordinator at ``url``."""
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        headers = bearer_header(token)
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers,
                                   timeout=httpx.Timeout(timeout_s, read=LONG_POLL_S + timeout_s))
@@ -84,17 +84,6 @@ class CoordinatorClient:
         if deadline_s is not None:
             body["deadline_s"] = deadline_s
         return self._call("POST", "/drain", json=body)
-
-    def abort_drain(self) -> dict[str, Any]:
-        return self._call("DELETE", "/drain")
-
-    def follow(self, since: int) -> Iterator[dict[str, Any]]:
-        """Each new ``/status`` document (long-polled) from generation ``since`` on."""
-        while True:
-            document = self.status(wait=LONG_POLL_S, since=since)
-            if int(document["generation"]) > since:
-                since = int(document["generation"])
-                yield document
 
 
 def _detail(response: httpx.Response) -> str:

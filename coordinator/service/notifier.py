@@ -19,6 +19,8 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import shutdown_wire as wire
+
 _CLOSE: bytes = b""
 
 
@@ -30,7 +32,7 @@ def event_line(event: dict[str, Any]) -> bytes:
 class Subscription:
     """One open stream: a queue of lines to write."""
 
-    __slots__ = ("idle", "queue", "worker_id", "write_now", "written_directly")
+    __slots__ = ("idle", "queue", "worker_id", "write_now")
 
     def __init__(self, worker_id: str) -> None:
         self.worker_id = worker_id
@@ -39,7 +41,6 @@ class Subscription:
         """The stream's ``send`` of one body line, set once its head is sent."""
         self.idle = False
         """True while the stream's task waits for a line (nothing queued, no send running)."""
-        self.written_directly = 0
 
     async def lines(self) -> AsyncIterator[bytes]:
         """The lines to write, until the stream is closed."""
@@ -60,7 +61,6 @@ class Subscription:
             try:
                 step.send(None)  # type: ignore[attr-defined]
             except StopIteration:
-                self.written_directly += 1
                 return
             except Exception:  # the connection is gone: the stream's task will find out
                 return
@@ -129,5 +129,5 @@ class Notifier:
     def _send_ping(self) -> None:
         self._ping = None
         if self._subs:
-            self.publish({"type": "ping", "at": time.time()})
+            self.publish({"type": wire.EVENT_PING, "at": time.time()})
             self._arm_ping()
