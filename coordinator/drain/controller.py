@@ -22,7 +22,7 @@ pre-kill hooks are awaited the wait ends; while the graceful kill runs, the kill
 
 Concurrent and repeated ``start()`` calls join the running drain. ``abort()`` returns to
 ``serving`` before ``terminating`` and raises ``DrainConflict`` after. The controller knows the
-workers only through the small ``Fleet`` protocol, and the kill engine only through ``KillFn``.
+workers only through the small ``Fleet`` protocol, and the kill engine only through ``Killer``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -50,6 +50,7 @@ from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachin
 from coordinator.errors import DrainConflict, RefusedTarget
 from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import KillReport, ProcessOutcome
+from coordinator.kill.table import HandRoots, OnUpdate, PriorOutcomes
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,16 @@ KILL_ATTEMPTS = 2
 """A kill that raised (a bug, never a process's fault: those are recorded per process) is
 run once more, resuming from what the first attempt did."""
 
-KillFn = Callable[..., Awaitable[KillReport]]
-"""``(targets, policy, *, on_update, prior, hand_roots) -> KillReport`` — ``Terminator().run``."""
+class Killer(Protocol):
+    """The kill engine as the controller drives it (``coordinator.kill.Terminator``)."""
+
+    async def run(self, targets: Iterable[Target], policy: KillPolicy | None = None, *,
+                  on_update: OnUpdate | None = None, prior: PriorOutcomes | None = None,
+                  hand_roots: HandRoots | None = None) -> KillReport:
+        """Run one kill to its report."""
+
+    def escalate(self) -> bool:
+        """Switch the running kill to force mode now (False: no kill runs)."""
 
 
 class Fleet(Protocol):
@@ -192,7 +201,7 @@ class DrainController:
         machine: PhaseMachine,
         changes: ChangeSignal,
         fleet: Fleet,
-        kill: KillFn,
+        kill: Killer,
         config: DrainConfig,
         on_outcome: Callable[[ProcessOutcome], None] | None = None,
         on_finished: Callable[[DrainRecord], None] | None = None,
@@ -213,7 +222,6 @@ class DrainController:
         self._finished = asyncio.Event()
         self._expiry: asyncio.TimerHandle | None = None
         self._killing = False
-        self._escalation: asyncio.Task[KillReport] | None = None
         self.handover = Handover()
         """Callers that send the main processes' graceful signal themselves (``handover``)."""
 
@@ -266,16 +274,11 @@ class DrainController:
         self.machine.bump()
         self.changes.notify()  # ends the wait of draining, migrating or the pre-kill hooks
         if self._killing:
-            # A call joining the running kill with a force policy escalates it.
-            self._escalation = asyncio.ensure_future(
-                self.kill([], self._policy(drain), on_update=self._record_outcome, prior=None))
-            self._escalation.add_done_callback(
-                lambda task: self._escalation_done(drain, task))
+            try:
+                self.kill.escalate()  # the tier waited on gets SIGKILL now, and every later one
+            except Exception as exc:
+                self._failed(drain, "escalating the kill", exc)
         self._persist_soon(drain)
-
-    def _escalation_done(self, drain: DrainRecord, task: asyncio.Task[KillReport]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._failed(drain, "escalating the kill", task.exception() or Exception())
 
     def _persist_soon(self, drain: DrainRecord) -> None:
         """Schedule a state write; bookkeeping that fails is recorded, never raised."""
@@ -453,9 +456,9 @@ class DrainController:
             while True:
                 prior = dict(drain.outcomes) or None
                 try:
-                    return await self.kill(targets, self._policy(drain),
-                                           on_update=self._record_outcome, prior=prior,
-                                           hand_roots=self.handover.take)
+                    return await self.kill.run(targets, self._policy(drain),
+                                               on_update=self._record_outcome, prior=prior,
+                                               hand_roots=self.handover.take)
                 except RefusedTarget as exc:
                     # Registration vetted every root; one that became protected since is
                     # dropped.

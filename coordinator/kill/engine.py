@@ -95,6 +95,13 @@ class Terminator:
         # One caller being cancelled must not cancel the kill the others wait on.
         return await asyncio.shield(self._task)
 
+    def escalate(self) -> bool:
+        """Switch the running kill to force mode now; False when no kill runs."""
+        if not self.running or self._run is None:
+            return False
+        self._run.escalate()
+        return True
+
 
 class KillRun:
     """One kill, from refusal checks to the report."""

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator import __version__
 from coordinator.drain.budget import remaining
-from coordinator.drain.controller import KillFn
+from coordinator.drain.controller import Killer
 from coordinator.drain.handover import so_far
 from coordinator.drain.phases import Phase
 from coordinator.errors import DrainConflict, LimitReached, RefusedTarget, TargetNotFound
@@ -62,14 +62,14 @@ async def disconnected(request: Request) -> None:
         pass
 
 
-def default_kill() -> KillFn:
-    """The kill engine's joining entry point."""
+def default_kill() -> Killer:
+    """The kill engine: one kill at a time, joined by later calls."""
     from coordinator.kill import Terminator
 
-    return Terminator().run
+    return Terminator()
 
 
-def create_app(settings: Settings, *, kill: KillFn | None = None,
+def create_app(settings: Settings, *, kill: Killer | None = None,
                checked: Posture | None = None) -> FastAPI:
     """Build the app around a fresh ``Coordinator`` (``checked``: the posture ``serve``
     already found for ``settings``)."""

@@ -26,7 +26,7 @@ from typing import Any
 from coordinator import startup_check
 from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, KillFn
+from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, Killer
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.errors import DrainConflict, LimitReached
 from coordinator.kill.policy import Target, TierSpec
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class Coordinator:
     """Everything one coordinator knows; single event loop, no locks."""
 
-    def __init__(self, settings: Settings, kill: KillFn,
+    def __init__(self, settings: Settings, kill: Killer,
                  checked: posture.Posture | None = None) -> None:
         self.settings = settings
         # Raises InsecureSettings before anything is built: nothing serves on such settings.

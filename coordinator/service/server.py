@@ -27,7 +27,7 @@ from types import FrameType
 import uvicorn
 
 from coordinator import startup_check
-from coordinator.drain.controller import KillFn
+from coordinator.drain.controller import Killer
 from coordinator.kill import procfs, safety
 from coordinator.logfmt import logfmt
 from coordinator.service.app import create_app
@@ -130,7 +130,7 @@ def write_port_file(path: Path, host: str, port: int) -> None:
     os.replace(tmp, path)
 
 
-def build_server(settings: Settings, *, kill: KillFn | None = None,
+def build_server(settings: Settings, *, kill: Killer | None = None,
                  checked: Posture | None = None) -> CoordinatorServer:
     """The app wrapped in a ``CoordinatorServer`` (not started)."""
     app = create_app(settings, kill=kill, checked=checked)
@@ -149,7 +149,7 @@ def build_server(settings: Settings, *, kill: KillFn | None = None,
     return CoordinatorServer(config, app.state.coordinator)
 
 
-def serve(settings: Settings, *, kill: KillFn | None = None,
+def serve(settings: Settings, *, kill: Killer | None = None,
           checked: Posture | None = None) -> int:
     """Run until stopped; returns the process exit code (0 on a requested stop)."""
     logging.basicConfig(level=settings.log_level.upper().replace("TRACE", "DEBUG"),

@@ -4,7 +4,8 @@
     FakeChanges   a ``ChangeSignal`` whose ``wait`` advances the clock instead of sleeping, or
                   parks (in the phases a test names) until ``notify()``.
     FakeFleet     the ``Fleet`` protocol, scripted per method, recording every call.
-    FakeKill      a ``KillFn`` that plays one scripted step per call (report, raise, block).
+    FakeKill      a ``Killer`` that plays one scripted step per run (report, raise, block), and
+                  records each escalation (or plays a scripted one).
     Harness       all of the above wired to one controller.
 
 Nothing here turns the event loop a number of times and hopes: ``Harness.until`` waits on
@@ -27,6 +28,7 @@ from coordinator.drain.controller import DrainConfig, DrainController, DrainReco
 from coordinator.drain.phases import Phase, PhaseMachine
 from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import Fate, KillReport, ProcessOutcome
+from coordinator.kill.table import PriorOutcomes
 
 T0 = 1_000_000.0
 """Epoch seconds every manual clock starts at."""
@@ -293,8 +295,10 @@ def blocks(release: asyncio.Event, then: Step) -> Step:
 
 
 class FakeKill:
-    """A ``KillFn``: each call takes the next of ``steps`` (``default`` once they run out)
-    and is recorded in ``calls``."""
+    """A ``Killer``: each run takes the next of ``steps`` (``default`` once they run out)
+    and is recorded in ``calls``; each ``escalate`` is counted in ``escalations`` and, while
+    a run is in progress, plays ``on_escalate`` with that run's call (its updates go to the
+    controller as the real kill's would; what it raises, ``escalate`` raises)."""
 
     def __init__(self, clock: ManualClock, *steps: Step,
                  activity: asyncio.Event | None = None) -> None:
@@ -303,25 +307,44 @@ class FakeKill:
         self.steps = list(steps)
         self.default: Step = reports(exited(100))
         self.calls: list[KillCall] = []
+        self.escalations = 0
+        self.on_escalate: Callable[[KillCall], None] | None = None
+        self._running = 0
 
     def script(self, *steps: Step) -> None:
         self.steps = list(steps)
 
-    async def __call__(self, targets: list[Target], policy: KillPolicy, *,
-                       on_update: Callable[[ProcessOutcome], None],
-                       prior: dict[OutcomeKey, ProcessOutcome] | None,
-                       hand_roots: Callable[[list[int]], str | None] | None = None
-                       ) -> KillReport:
+    def escalate(self) -> bool:
+        if not self._running:
+            return False
+        self.escalations += 1
+        _poke(self.activity)
+        if self.on_escalate is not None:
+            self.on_escalate(self.calls[-1])
+        return True
+
+    async def run(self, targets: Iterable[Target], policy: KillPolicy | None = None, *,
+                  on_update: Callable[[ProcessOutcome], object] | None = None,
+                  prior: PriorOutcomes | None = None,
+                  hand_roots: Callable[[list[int]], str | None] | None = None
+                  ) -> KillReport:
+        assert policy is not None
+        assert on_update is not None
         def update(outcome: ProcessOutcome) -> None:
             on_update(outcome)
             _poke(self.activity)
 
-        call = KillCall(list(targets), policy, None if prior is None else dict(prior),
-                        self.clock(), update)
+        recorded: dict[OutcomeKey, ProcessOutcome] | None = (
+            None if prior is None else {(pid, at): o for (pid, at), o in prior.items()})
+        call = KillCall(list(targets), policy, recorded, self.clock(), update)
         self.calls.append(call)
         _poke(self.activity)
         step = self.steps.pop(0) if self.steps else self.default
-        return await step(call)
+        self._running += 1
+        try:
+            return await step(call)
+        finally:
+            self._running -= 1
 
 
 # --- processes ------------------------------------------------------------------------------

@@ -413,24 +413,22 @@ async def test_a_force_join_in_the_prekill_wait_ends_it(make: Make) -> None:
 
 async def test_a_force_join_during_the_kill_escalates_it(make: Make) -> None:
     """1. the graceful kill runs (blocked on an event);
-    2. start(force=True) joins: the kill fn is called again, with a force policy, no targets
-       and no prior (a joining call escalates the running kill);
-    3. the escalation's updates are recorded; the first call is released and the drain ends
+    2. start(force=True) joins: the running kill is escalated at once (no second kill, no
+       task left behind);
+    3. what the escalated kill reports is recorded; the kill is released and the drain ends
        ``killed``, as a force drain."""
     h = make()
     release = asyncio.Event()
     killed = exited(100, fate=Fate.KILLED, exit_code=-9)
-    h.kill.script(blocks(release, reports(killed)), reports(killed, updates=[killed]))
+    h.kill.script(blocks(release, reports(killed)))
+    h.kill.on_escalate = lambda call: call.on_update(killed)
     drain, _ = h.controller.start("preStop")
     await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
     assert not h.kill.calls[0].policy.force
 
     assert h.controller.start("operator", force=True) == (drain, True)
-    await h.until(lambda: len(h.kill.calls) == 2, "the escalation")
-    escalation = h.kill.calls[1]
-    assert escalation.policy.force
-    assert escalation.targets == []
-    assert escalation.prior is None
+    assert h.kill.escalations == 1
+    assert len(h.kill.calls) == 1
     assert drain.outcomes == {key(killed): killed}
     assert h.outcomes == [killed]
     release.set()
@@ -878,19 +876,18 @@ async def test_a_failing_persist_at_done_is_a_cause_of_a_non_graceful_drain(
 async def test_a_failing_persist_on_escalation_still_escalates(make: Make) -> None:
     """1. the graceful kill runs (blocked); the persist of the escalation will raise;
     2. start(force=True) joins the drain;
-    3. the kill is still escalated (called again with a force policy) and the failure is in
-       ``errors``."""
+    3. the running kill is still escalated and the failure is in ``errors``."""
     h = make()
     release = asyncio.Event()
-    h.kill.script(blocks(release, reports(ROOT)), reports(ROOT))
+    h.kill.script(blocks(release, reports(ROOT)))
     drain, _ = h.controller.start("preStop")
     await h.until(lambda: len(h.kill.calls) == 1, "the kill started")
     h.fleet.persist_failures[h.fleet.persist_count + 1] = "raise"
 
     try:
         h.controller.start("operator", force=True)
-        await h.until(lambda: len(h.kill.calls) == 2, "the escalation's kill call")
-        assert h.kill.calls[1].policy.force
+        assert h.kill.escalations == 1
+        assert len(h.kill.calls) == 1
     finally:
         release.set()
         await h.finish()

@@ -222,6 +222,40 @@ async def test_a_second_concurrent_run_joins_the_first(
     assert not terminator.running
 
 
+async def test_escalate_turns_the_running_kill_to_force_mode(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. nothing runs: ``escalate`` answers False; 2. a graceful kill of a tree whose child
+    ignores SIGTERM, with a 60 s tier: once the child got its SIGTERM, ``escalate`` answers
+    True; 3. the child is SIGKILLed at once, long before its tier would have ended, and so
+    is the root after it (its wait status: -9, no cleanup record); the report says force
+    mode."""
+    tree = start_tree(janitor, {"children": [{"role": "stubborn", "ignore_term": True}]},
+                      tmp_path)
+    terminator = Terminator()
+    assert terminator.escalate() is False
+    signalled = asyncio.Event()
+    stubborn = tree.pids("stubborn")[0]
+
+    def seen(outcome: ProcessOutcome) -> None:
+        if outcome.pid == stubborn and outcome.signalled_at is not None:
+            signalled.set()
+
+    run = asyncio.ensure_future(terminator.run(
+        [Target(tree.pid)], KillPolicy(tier_timeout_s=60, deadline_s=120), on_update=seen))
+    await asyncio.wait_for(signalled.wait(), 30)
+    assert terminator.escalate() is True
+    report = await asyncio.wait_for(run, 30)
+    assert report.mode == "force"
+    child = next(o for o in report.processes if o.pid == stubborn)
+    assert child.fate is Fate.KILLED
+    assert "force mode" in (child.detail or "")
+    assert not alive(stubborn)
+    assert tree.root.wait(timeout=30) == -signal.SIGKILL
+    assert tree.markers() == {}
+    assert terminator.escalate() is False
+
+
 async def test_force_mode_sigkills_everything(janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. a tree with cleanup; 2. terminate in force mode; 3. every process killed, none ran
     its cleanup."""
