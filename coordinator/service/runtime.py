@@ -42,6 +42,7 @@ from coordinator.service.process_scan import ProcessScan, Roots
 from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
 from coordinator.service.restore import RestoredState
 from coordinator.service.status_view import StatusView
+from coordinator.service.worker_moves import WorkerMove, after, apply
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -256,7 +257,8 @@ class Coordinator:
             )
             for t in body.tiers
         )
-        state = WorkerState.SERVING if phase is Phase.SERVING else WorkerState.DRAINING
+        state = after(WorkerState.SERVING,
+                      WorkerMove.DRAIN) if phase.draining else WorkerState.SERVING
         worker, created = self.registry.register(
             found, role=body.role, name=body.name, url=body.url, tiers=tiers,
             include_tree=body.include_tree, state=state)
@@ -290,8 +292,8 @@ class Coordinator:
         if body.inflight is not None:
             worker.inflight = body.inflight
             worker.awaiting_report = False
-            if body.inflight == 0 and worker.state is WorkerState.DRAINING:
-                worker.state = WorkerState.DRAINED
+            if body.inflight == 0:
+                apply(worker, WorkerMove.IDLE)
         if body.prekill_done:
             worker.prekill_done = True
         if body.notified_at is not None:
@@ -349,8 +351,7 @@ class Coordinator:
         if self.engine_probe is not None:
             self.engine_probe.start()
         for worker in self.registry.alive():
-            if worker.state is WorkerState.SERVING:
-                worker.state = WorkerState.DRAINING
+            apply(worker, WorkerMove.DRAIN)
             # A worker that hears of the drain now holds the migrating phase until it has
             # reported; one that never connected cannot report and counts as drained.
             worker.awaiting_report = self.notifier.connected(worker.id) > 0
@@ -365,7 +366,7 @@ class Coordinator:
         if self.engine_probe is not None:
             self.engine_probe.stop()
         for worker in self.registry.alive():
-            worker.state = WorkerState.SERVING
+            apply(worker, WorkerMove.ABORT)
             worker.prekill_done = False
             worker.awaiting_report = False
 
@@ -375,7 +376,7 @@ class Coordinator:
         self.notifier.publish(self._terminate_event(drain))
         waiting: list[str] = []
         for worker in self.registry.alive():
-            worker.state = WorkerState.TERMINATING
+            apply(worker, WorkerMove.TERMINATE)
             if not worker.prekill_done and (self.notifier.connected(worker.id)
                                             or worker.reconnect_awaited):
                 waiting.append(worker.id)
