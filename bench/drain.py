@@ -56,8 +56,8 @@ from bench.drain_rig import (  # noqa: E402
     urlsplit_hostport,
 )
 from bench.handoff_observer import Observer  # noqa: E402
-from coordinator.sim.launcher import EngineHandle, start_engine  # noqa: E402
-from coordinator.streaming_load import ClientStream, StreamingLoad  # noqa: E402
+from devstack.sim.launcher import EngineHandle, start_engine  # noqa: E402
+from devstack.streaming_load import ClientStream, StreamingLoad  # noqa: E402
 from tests.service.servers import FAST, Running, start_coordinator  # noqa: E402
 from tests.support.processes import ProcessJanitor, wait_for  # noqa: E402
 from worker_client._client import LATENCY_SLICE_ENV  # noqa: E402

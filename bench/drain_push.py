@@ -28,7 +28,7 @@ import httpx
 
 from bench.drain_rig import pct, read_answer, slice_note, start_router, urlsplit_hostport
 from bench.handoff_observer import Observer
-from coordinator.sim.launcher import EngineHandle, start_engine
+from devstack.sim.launcher import EngineHandle, start_engine
 from tests.service.servers import FAST, hold_drains, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from coordinator.sim.launcher import EngineHandle
+from devstack.sim.launcher import EngineHandle
 from tests.service.servers import Running
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -33,7 +33,7 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pod_a: list[EngineHandle],
     """The reference router over pod A's engines (watching ``coord_a``) and pod B's standby
     engines, continuing or restarting handed-back requests as ``resume`` says; its URL."""
     ready = tmp / "router.json"
-    argv = ["-m", "router_client.reference_router", "--port", "0", "--ready-file", str(ready),
+    argv = ["-m", "devstack.reference_router", "--port", "0", "--ready-file", str(ready),
             "--resume", resume]
     for e in pod_a:
         argv += ["--worker", f"{e.url}={coord_a.url if coord_a else NO_COORDINATOR}"]

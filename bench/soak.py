@@ -71,9 +71,9 @@ from bench.soak_truth import (
     registered_ending,
     running_as,
 )
-from coordinator.sim.launcher import PopenLike
-from coordinator.sim.linux import wait_for_exits
-from coordinator.streaming_load import ClientStream, StreamingLoad
+from devstack.sim.launcher import PopenLike
+from devstack.sim.linux import wait_for_exits
+from devstack.streaming_load import ClientStream, StreamingLoad
 
 LOAD_TIMEOUT_S = 120.0
 CYCLE_TIMEOUT_S = 180.0

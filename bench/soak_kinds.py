@@ -31,9 +31,9 @@ import httpx
 from bench import soak_hostile
 from bench.soak_rig import Fleet, SoakPod, status, wait_status
 from bench.soak_truth import CRASH, FORCE, NORMAL, untouched
-from coordinator.sim.launcher import EngineHandle
-from coordinator.sim.linux import wait_for_exits
-from coordinator.sim.tokens import expected_tokens
+from devstack.sim.launcher import EngineHandle
+from devstack.sim.linux import wait_for_exits
+from devstack.sim.tokens import expected_tokens
 from router_client import sse
 
 DRAIN_TIMEOUT_S = 120.0

@@ -39,9 +39,9 @@ from typing import Any
 
 import httpx
 
-from coordinator.local_stack import CoordinatorProcess, LocalStack, Pod
-from coordinator.sim.launcher import EngineHandle, start_engine
-from coordinator.sim.linux import wait_for_exits
+from devstack.local_stack import CoordinatorProcess, LocalStack, Pod
+from devstack.sim.launcher import EngineHandle, start_engine
+from devstack.sim.linux import wait_for_exits
 
 HOST = "127.0.0.1"
 PORT_RANGE = (20000, 32000)

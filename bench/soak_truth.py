@@ -4,7 +4,7 @@ drain's summary says so (``bench/soak.py``).
 Ground truth, never the coordinator's own report:
 
 - the engine's processes: the ready file, every end record in its record directory
-  (``coordinator/sim/records.py``), and the PIDs records name (``children``, ``daemons``);
+  (``devstack/sim/records.py``), and the PIDs records name (``children``, ``daemons``);
 - each process's own end record: its cleanup ran to the end after SIGTERM, or not (a
   SIGKILL ended it);
 - exit codes as someone outside saw them: the main process's ``Popen.wait()`` here, a
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.soak_rig import Unit, reap, start_ticks, stat_fields
-from coordinator.sim.launcher import EngineHandle
+from devstack.sim.launcher import EngineHandle
 
 NORMAL, FORCE, CRASH = "normal", "force", "crash"
 """How the drained engine was meant to end: by the drain, a force drain, or a crash first."""

@@ -5,7 +5,9 @@ Packages:
 - ``coordinator.kill``   ordered graceful kill of process trees (a library; no HTTP needed)
 - ``coordinator.drain``  the drain state machine, its budget and its persisted state
 - ``coordinator.service`` the sidecar's HTTP API (FastAPI on uvicorn)
-- ``coordinator.sim``    a simulated multi-process inference engine for tests, demo and benchmarks
+
+The simulated engine, the demo and the reference router are in ``devstack``, which nothing here
+imports.
 """
 
 __version__ = "0.1.0"

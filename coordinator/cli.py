@@ -1,8 +1,11 @@
-"""``shutdown-coordinator``: ``serve``, ``drain``, ``status``, ``kill`` and ``demo``.
+"""``shutdown-coordinator``: ``serve``, ``drain``, ``status`` and ``kill``.
 
 Every ``serve`` flag also reads ``SHUTDOWN_COORDINATOR_<NAME>`` (see ``coordinator.settings``);
 the client commands read ``SHUTDOWN_COORDINATOR_URL`` and ``SHUTDOWN_COORDINATOR_TOKEN_FILE``
 (or ``SHUTDOWN_COORDINATOR_TOKEN``). Exit codes are in ``coordinator.exit_codes``.
+
+The demo is a command of its own, ``shutdown-coordinator-demo`` (``devstack.demo``), which no
+module of the product imports; ``shutdown-coordinator demo`` only says so (``DEMO_MOVED``).
 """
 
 from __future__ import annotations
@@ -86,6 +89,12 @@ _SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
 
 
 _METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
+
+DEMO_MOVED = ("shutdown-coordinator: the demo is a command of its own now: "
+              "shutdown-coordinator-demo (installed with this package)")
+"""What ``shutdown-coordinator demo``, the README's first command until the demo left the
+product, prints before it exits ``USAGE``: a pointer instead of argparse's bare "invalid
+choice", and a failure, so a script that ran the demo does not pass without running it."""
 
 
 def _positive_seconds(text: str) -> float:
@@ -175,9 +184,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "until interrupted, or until a drain is done")
 
     kill_command.add_parser(sub)
-
-    sub.add_parser("demo", help="run the demo: coordinator, simulated engine, router, load",
-                   add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -185,10 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     if args_list[:1] == ["demo"]:
-        from coordinator import demo  # type: ignore[attr-defined,unused-ignore]
-
-        result: int = demo.main(args_list[1:])
-        return result
+        print(DEMO_MOVED, file=sys.stderr)
+        return exit_codes.USAGE
     parser = build_parser()
     try:
         args = parser.parse_args(args_list)

@@ -6,8 +6,9 @@
     watcher.handed_back("req-42")                    # the pending migration, or None
     await watcher.ack(["req-42"])                    # after re-issuing it elsewhere
 
-The reference router (``python -m router_client.reference_router``) is built on it; the
-protocol is in docs/protocol.md. Only httpx is needed; nothing here imports the coordinator.
+The reference router (``python -m devstack.reference_router``, outside this package) is built
+on it; the protocol is in docs/protocol.md. Only httpx is needed; nothing here imports the
+coordinator or devstack.
 """
 
 from router_client.watch import CoordinatorView, Watcher

@@ -17,8 +17,8 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== core tests"
 # Under coverage (COVERAGE=0: without), counting the Python processes the tests start that
-# import a measured package (coordinator, worker_client, router_client): a .pth file in the
-# virtualenv gives every Python process a finder that, while COORDINATOR_TEST_COVERAGE
+# import a measured package (coordinator, worker_client, router_client, devstack): a .pth file
+# in the virtualenv gives every Python process a finder that, while COORDINATOR_TEST_COVERAGE
 # names the configuration, calls coverage.process_startup() when the first of those packages
 # is imported. A process that never imports one (a test tree, a shell helper) does not load
 # coverage at all, which keeps the run close to its time without coverage; one that does is
@@ -35,7 +35,7 @@ import sys
 HOOK = """
 import os, sys
 
-MEASURED = ("coordinator", "worker_client", "router_client")
+MEASURED = ("coordinator", "worker_client", "router_client", "devstack")
 
 class StartCoverageOnFirstImport:
     started = False

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.soak_truth import CRASH, FORCE, NORMAL, Ending, _fates, check_summary, endings
-from coordinator.sim.launcher import EngineHandle
+from devstack.sim.launcher import EngineHandle
 
 MAIN, CHILD, GRANDCHILD = 100, 101, 102
 

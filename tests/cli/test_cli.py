@@ -134,3 +134,13 @@ def test_client_failures_have_their_own_exit_codes(
     assert main(["drain", "--bogus"]) == exit_codes.USAGE
     assert main([]) == exit_codes.USAGE
     assert main(["serve", "--grace-period", "-4"]) == exit_codes.USAGE
+
+
+def test_demo_is_a_command_of_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    """1. ``shutdown-coordinator demo`` (the README's first command before the demo left the
+       product) exits USAGE and names the command that runs it now, on stderr.
+    2. The help lists no ``demo`` command."""
+    assert main(["demo", "--streams", "4"]) == exit_codes.USAGE
+    assert "shutdown-coordinator-demo" in capsys.readouterr().err
+    assert main(["--help"]) == exit_codes.OK
+    assert "demo" not in capsys.readouterr().out

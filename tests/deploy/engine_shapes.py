@@ -44,11 +44,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
-from coordinator.sim.knobs import EngineKnobs
-from coordinator.sim.launcher import PopenLike
-from coordinator.sim.main_process import EngineMain
-from coordinator.sim.records import signal_name
-from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+from devstack.sim.knobs import EngineKnobs
+from devstack.sim.launcher import PopenLike
+from devstack.sim.main_process import EngineMain
+from devstack.sim.records import signal_name
+from devstack.sim.streams import CompletionStreams, HandedBack, Token
 
 REPO = Path(__file__).resolve().parents[2]
 ENV = "SHAPED_ENGINE"
@@ -202,11 +202,11 @@ def moved(args: list[str], host: str = "127.0.0.1", port: int = 0) -> list[str]:
 
 def spawner(spawn: Callable[..., PopenLike], installed: Installed, engine_args: list[str],
             hold_at: int, **spawn_kwargs: Any) -> Callable[..., PopenLike]:
-    """A ``spawn`` for ``coordinator.sim.start_engine`` that starts the engine as the
+    """A ``spawn`` for ``devstack.sim.start_engine`` that starts the engine as the
     container command would: the sim's own arguments go to the shim through ``ENV``."""
 
     def start(argv: list[str], env: dict[str, str]) -> PopenLike:
-        sim_args = argv[argv.index("coordinator.sim") + 1:]
+        sim_args = argv[argv.index("devstack.sim") + 1:]
         config = json.dumps({"sim_args": sim_args, "hold_at": hold_at})
         full = {**env, **installed.env, ENV: config}
         return spawn([*installed.argv, *engine_args], env=full, **spawn_kwargs)

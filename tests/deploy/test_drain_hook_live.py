@@ -28,7 +28,7 @@ def _start_engine(janitor: ProcessJanitor, tmp: Path,
     proc = janitor.spawn_python(
         [
             "-m",
-            "coordinator.sim",
+            "devstack.sim",
             "--port",
             "0",
             "--ready-file",

@@ -32,7 +32,7 @@ import psutil
 import pytest
 
 from coordinator.engines import PROFILES
-from coordinator.sim import EngineHandle, EngineKnobs, expected_tokens, start_engine
+from devstack.sim import EngineHandle, EngineKnobs, expected_tokens, start_engine
 from tests.deploy.engine_shapes import RELEASE, install, moved, spawner
 from tests.deploy.rendering import SHIPPED, Rendered, kubectl, render, stage
 from tests.service.servers import ROOT, Running

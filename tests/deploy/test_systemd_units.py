@@ -237,7 +237,7 @@ def test_exec_stop_drains_the_engine_through_the_real_coordinator(
     records.mkdir()
     main = janitor.spawn_python(
         [
-            *("-m", "coordinator.sim", "--port", "0", "--ready-file", str(ready)),
+            *("-m", "devstack.sim", "--port", "0", "--ready-file", str(ready)),
             *("--record-dir", str(records), "--schedulers", "2", "--no-watchdog"),
             *engine_args,
         ],

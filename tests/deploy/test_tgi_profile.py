@@ -27,7 +27,7 @@ import psutil
 import pytest
 
 from coordinator.engines import PROFILES
-from coordinator.sim import expected_tokens
+from devstack.sim import expected_tokens
 from tests.deploy.tgi_shape import RELEASE, TgiEngine, start
 from tests.service.servers import Running, start_coordinator
 from tests.support.processes import ProcessJanitor

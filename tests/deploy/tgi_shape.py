@@ -27,11 +27,11 @@ from its repository, git db931fc):
   ``KEEP_PROCESSING`` (:41-53), its serving loop ends (:310) and it exits 0.
 
 What differs, and does not matter to the coordinator: the router streams the simulated
-engine's tokens itself (``coordinator.sim.http_app``; TGI's asks its shards over gRPC), a
+engine's tokens itself (``devstack.sim.http_app``; TGI's asks its shards over gRPC), a
 shard's teardown stands for freeing its GPU (``teardown_s``), and the launcher waits on
 pidfds where TGI's polls every 100 ms (so it notices an exit sooner, never later).
 
-Each process writes its end record (``coordinator.sim.records``: ``launcher-<pid>.json``,
+Each process writes its end record (``devstack.sim.records``: ``launcher-<pid>.json``,
 ``router-…``, ``shard-…``) when it is up, when its shutdown starts and when it ends; the
 launcher's also holds its children's wait statuses (``children_exit_codes``), whom it
 SIGKILLed (``sigkilled_children``), the order it signalled them (``stop_order``) and what it
@@ -55,9 +55,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.sim.records import CLEANUP_FINISHED, RecordWriter, write_json_atomically
-from coordinator.sim.roles import Role
-from coordinator.sim.signals import SignalLatch
+from devstack.sim.records import CLEANUP_FINISHED, RecordWriter, write_json_atomically
+from devstack.sim.roles import Role
+from devstack.sim.signals import SignalLatch
 
 REPO = Path(__file__).resolve().parents[2]
 MODULE = "tests.deploy.tgi_shape"
@@ -109,7 +109,7 @@ class Shape:
 
 
 class Record(RecordWriter):
-    """``coordinator.sim.records``' end record, for a role of TGI's (``launcher``,
+    """``devstack.sim.records``' end record, for a role of TGI's (``launcher``,
     ``router``, ``shard``): ``<role>-<pid>.json``, read by ``read_records``."""
 
     def __init__(self, record_dir: Path, role: str, *, rank: int | None = None) -> None:
@@ -370,7 +370,7 @@ def run_router(argv: list[str], shape: Shape) -> int:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from coordinator.sim.http_app import PROMETHEUS_TEXT, build_app
+    from devstack.sim.http_app import PROMETHEUS_TEXT, build_app
     from tests.deploy.engine_shapes import HeldStreams
 
     parser = argparse.ArgumentParser(prog=ROUTER)
@@ -525,7 +525,7 @@ class TgiEngine:
         return [p["pid"] for p in self.ready["processes"] if role in (None, p["role"])]
 
     def records(self) -> dict[int, dict[str, Any]]:
-        from coordinator.sim.records import read_records
+        from devstack.sim.records import read_records
 
         return {r["pid"]: r for r in read_records(self.record_dir)}
 

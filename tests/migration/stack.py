@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from coordinator.sim.launcher import EngineHandle, start_engine
-from coordinator.streaming_load import StreamingLoad
+from devstack.sim.launcher import EngineHandle, start_engine
+from devstack.streaming_load import StreamingLoad
 from tests.kill.helpers import alive
 from tests.service.servers import FAST, Running, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
@@ -74,7 +74,7 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pods: list[Pod], *args: str
     for pod in pods:
         workers += ["--worker", f"{pod.engine.url}={pod.coordinator_url}"]
     proc = janitor.spawn_python(
-        ["-m", "router_client.reference_router", "--port", "0", "--ready-file", str(ready),
+        ["-m", "devstack.reference_router", "--port", "0", "--ready-file", str(ready),
          *workers, *args], cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
         # A service: uvicorn re-raises the SIGTERM it stopped on.
         service=True, exit_code=-signal.SIGTERM,

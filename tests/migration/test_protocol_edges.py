@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from coordinator.sim.launcher import start_engine
-from coordinator.sim.tokens import expected_tokens
+from devstack.sim.launcher import start_engine
+from devstack.sim.tokens import expected_tokens
 from router_client import sse
 from tests.migration.stack import (
     ENGINE,

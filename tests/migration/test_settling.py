@@ -8,7 +8,7 @@ from typing import Any
 
 import httpx
 
-from coordinator.sim.tokens import expected_tokens
+from devstack.sim.tokens import expected_tokens
 from router_client import sse
 from tests.migration.stack import start_pod, summary_is_graceful
 from tests.support.processes import ProcessJanitor, wait_for

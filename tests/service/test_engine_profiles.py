@@ -16,7 +16,7 @@ from coordinator.engines import PROFILES
 from coordinator.kill import patterns
 from coordinator.kill.tiers import Member, plan_tiers
 from coordinator.settings import Settings
-from coordinator.sim.launcher import start_engine
+from devstack.sim.launcher import start_engine
 from tests.kill.helpers import alive
 from tests.service.servers import FAST, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
@@ -121,7 +121,7 @@ def drain_sglang_shaped(janitor: ProcessJanitor, tmp_path: Path, *engine_flag: s
                           graceful_main=True, teardown_s=0.2)
     running = start_coordinator(
         janitor, tmp_path, *FAST, "--tier-timeout", "5", *engine_flag,
-        "--adopt-pattern", rf"-m coordinator\.sim --record-dir {tmp_path / 'records'}( |$)")
+        "--adopt-pattern", rf"-m devstack\.sim --record-dir {tmp_path / 'records'}( |$)")
     wait_for(lambda: len(running.status()["processes"]) == len(engine.processes),
              what="the engine's tree listed")
     with running.client(timeout=120) as client:

@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from coordinator.sim.launcher import start_engine
+from devstack.sim.launcher import start_engine
 from tests.engines.stack import free_port
 from tests.service.servers import FAST, Running, register, start_coordinator
 from tests.service.trees import start_tree

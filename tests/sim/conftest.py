@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.sim import EngineHandle, start_engine
+from devstack.sim import EngineHandle, start_engine
 from tests.support.processes import ProcessJanitor
 
 StartEngine = Callable[..., EngineHandle]

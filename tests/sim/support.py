@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import psutil
 
-from coordinator.sim import EngineHandle
+from devstack.sim import EngineHandle
 from tests.support.processes import wait_for
 
 

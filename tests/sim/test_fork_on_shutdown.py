@@ -28,7 +28,7 @@ def test_scheduler_starts_a_helper_and_waits_for_it(start_sim: StartEngine) -> N
     wait_record(engine, helper, role="helper", ppid=scheduler, pdeathsig=None)
     assert psutil.Process(helper).ppid() == scheduler
     assert record["cleanup"] == "started"
-    assert "-m coordinator.sim.helper" in " ".join(psutil.Process(helper).cmdline())
+    assert "-m devstack.sim.helper" in " ".join(psutil.Process(helper).cmdline())
 
     os.kill(helper, signal.SIGTERM)
     helper_end = wait_ended(engine, helper)

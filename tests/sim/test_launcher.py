@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.sim import expected_tokens, start_engine
-from coordinator.sim.errors import SimStartupError
-from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+from devstack.sim import expected_tokens, start_engine
+from devstack.sim.errors import SimStartupError
+from devstack.sim.streams import CompletionStreams, HandedBack, Token
 from tests.support.processes import ProcessJanitor
 
 

@@ -9,7 +9,7 @@ import signal
 import httpx
 import pytest
 
-from coordinator.sim import expected_tokens
+from devstack.sim import expected_tokens
 from tests.sim.conftest import STOP_TIMEOUT_S, StartEngine
 from tests.sim.support import read_events, wait_gone, wait_record
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import httpx
 
-from coordinator.sim import EngineHandle, expected_tokens
+from devstack.sim import EngineHandle, expected_tokens
 from tests.sim.conftest import StartEngine
 from tests.sim.support import read_events
 

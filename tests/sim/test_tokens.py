@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
-from coordinator.sim import EngineKnobs, Role, expected_tokens
-from coordinator.sim.errors import SimArgumentError
-from coordinator.sim.roles import knob_matches
-from coordinator.sim.tokens import TokenStream
+from devstack.sim import EngineKnobs, Role, expected_tokens
+from devstack.sim.errors import SimArgumentError
+from devstack.sim.roles import knob_matches
+from devstack.sim.tokens import TokenStream
 
 
 def test_tokens_are_deterministic_words() -> None:

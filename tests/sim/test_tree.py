@@ -6,7 +6,7 @@ import os
 
 import psutil
 
-from coordinator.sim import EngineHandle
+from devstack.sim import EngineHandle
 from tests.sim.conftest import StartEngine
 
 
@@ -30,8 +30,8 @@ def test_tree_has_schedulers_and_a_detokenizer_under_main(start_sim: StartEngine
     children = {p.pid for p in psutil.Process(engine.pid).children()}
     assert children == {p.pid for p in engine.processes[1:]}
     for rank, pid in enumerate(engine.pids("scheduler")):
-        assert f"-m coordinator.sim.scheduler --rank {rank}" in _cmdline(pid)
-    assert "-m coordinator.sim.detokenizer" in _cmdline(engine.pids("detokenizer")[0])
+        assert f"-m devstack.sim.scheduler --rank {rank}" in _cmdline(pid)
+    assert "-m devstack.sim.detokenizer" in _cmdline(engine.pids("detokenizer")[0])
 
     records = {r["pid"]: r for r in engine.records()}
     assert set(records) == {p.pid for p in engine.processes}
@@ -53,7 +53,7 @@ def test_dp_controller_owns_its_schedulers(start_sim: StartEngine) -> None:
     _assert_listed_processes_are_live_and_parented(engine)
     (controller,) = engine.pids("dp_controller")
     assert psutil.Process(controller).ppid() == engine.pid
-    assert "-m coordinator.sim.dp_controller --schedulers 2" in _cmdline(controller)
+    assert "-m devstack.sim.dp_controller --schedulers 2" in _cmdline(controller)
     for pid in engine.pids("scheduler"):
         assert psutil.Process(pid).ppid() == controller
     assert engine.pid == engine.proc.pid != os.getpid()

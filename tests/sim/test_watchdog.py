@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from coordinator.sim import expected_tokens
+from devstack.sim import expected_tokens
 from tests.sim.conftest import STOP_TIMEOUT_S, StartEngine
 from tests.sim.support import is_gone, wait_gone, wait_record
 

@@ -1,6 +1,6 @@
 """A reference router: a streaming completions proxy that continues handed-back requests.
 
-    python -m router_client.reference_router --port 0 \\
+    python -m devstack.reference_router --port 0 \\
         --worker http://127.0.0.1:8001=http://127.0.0.1:8787 --worker ...
 
 ``POST /v1/completions`` (OpenAI-style, ``stream`` true or false) goes to a worker that is not
@@ -233,7 +233,7 @@ def _parse_worker(value: str) -> tuple[str, str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m router_client.reference_router",
+    parser = argparse.ArgumentParser(prog="python -m devstack.reference_router",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")

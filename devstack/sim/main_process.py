@@ -37,20 +37,20 @@ from typing import TYPE_CHECKING, Any
 import psutil
 import uvicorn
 
-from coordinator.sim.errors import SimArgumentError, SimStartupError
-from coordinator.sim.http_app import build_app
-from coordinator.sim.knobs import EngineKnobs
-from coordinator.sim.linux import send_signal
-from coordinator.sim.records import (
+from devstack.sim.errors import SimArgumentError, SimStartupError
+from devstack.sim.http_app import build_app
+from devstack.sim.knobs import EngineKnobs
+from devstack.sim.linux import send_signal
+from devstack.sim.records import (
     CLEANUP_INTERRUPTED,
     RecordWriter,
     signal_name,
     write_json_atomically,
 )
-from coordinator.sim.roles import EXIT_OK, EXIT_STARTUP_FAILED, Role, knob_matches
-from coordinator.sim.spawn import ChildSpec, StartedChild, spawn_children
-from coordinator.sim.streams import CompletionStreams
-from coordinator.sim.watchdog import ChildWatchdog
+from devstack.sim.roles import EXIT_OK, EXIT_STARTUP_FAILED, Role, knob_matches
+from devstack.sim.spawn import ChildSpec, StartedChild, spawn_children
+from devstack.sim.streams import CompletionStreams
+from devstack.sim.watchdog import ChildWatchdog
 
 if TYPE_CHECKING:
     from worker_client import WorkerClient
@@ -176,7 +176,7 @@ class EngineMain:
 
     def _connect_to_coordinator(self) -> None:
         # Imported here: the engine without --coordinator does not need worker_client.
-        from coordinator.sim.coordination import TrackedStreams, connect
+        from devstack.sim.coordination import TrackedStreams, connect
 
         url = f"http://{self.knobs.host}:{self.port}"
         self.worker_client, _ = connect(
@@ -298,9 +298,9 @@ def _descendants() -> list[psutil.Process]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m coordinator.sim``."""
+    """``python -m devstack.sim``."""
     parser = argparse.ArgumentParser(
-        prog="python -m coordinator.sim",
+        prog="python -m devstack.sim",
         description="A simulated multi-process inference engine (SGLang-shaped).",
     )
     parser.add_argument(

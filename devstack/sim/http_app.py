@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+from devstack.sim.streams import CompletionStreams, HandedBack, Token
 from worker_client import handed_back_event
 
 MODEL_NAME = "sim"

@@ -21,7 +21,7 @@ from typing import IO, Any
 import httpx
 
 from coordinator.kill import KillPolicy, Target, terminate
-from coordinator.sim.launcher import EngineHandle, engine_environment, start_engine
+from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
 
 START_TIMEOUT_S = 60.0
 """Bounds a failed start only; a healthy coordinator answers in well under a second."""
@@ -117,7 +117,7 @@ class LocalStack:
         for pod in pods:
             workers += ["--worker", f"{pod.engine.url}={pod.coordinator.url}"]
         proc = self.spawn(
-            [sys.executable, "-m", "router_client.reference_router", "--port", str(port),
+            [sys.executable, "-m", "devstack.reference_router", "--port", str(port),
              "--ready-file", str(ready), *workers, *args],
             "router.log",
         )

@@ -1,4 +1,4 @@
-"""Starting children as ``python -m coordinator.sim.<role>`` and waiting until they are up.
+"""Starting children as ``python -m devstack.sim.<role>`` and waiting until they are up.
 
 Each child gets the write end of one shared pipe (``--ready-fd``) and writes a single JSON
 line there once it is up: ``{"processes": [{"pid", "role", "rank", "ppid"}, ...]}`` — itself
@@ -17,12 +17,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.sim.errors import SimStartupError
+from devstack.sim.errors import SimStartupError
 
 
 @dataclass(frozen=True)
 class ChildSpec:
-    """One child to start: the module under ``coordinator.sim`` and its arguments."""
+    """One child to start: the module under ``devstack.sim`` and its arguments."""
 
     module: str
     args: tuple[str, ...] = ()
@@ -58,7 +58,7 @@ def spawn_children(specs: list[ChildSpec], *, timeout_s: float) -> list[StartedC
             argv = [
                 sys.executable,
                 "-m",
-                f"coordinator.sim.{spec.module}",
+                f"devstack.sim.{spec.module}",
                 *spec.args,
                 "--parent-pid",
                 str(os.getpid()),

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
-from coordinator.sim.tokens import TokenStream
+from devstack.sim.tokens import TokenStream
 
 
 @dataclass(frozen=True)

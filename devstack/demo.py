@@ -1,4 +1,4 @@
-"""``shutdown-coordinator demo``: drain one pod of three under streaming load, lose nothing.
+"""``shutdown-coordinator-demo``: drain one pod of three under streaming load, lose nothing.
 
     1. Start three pods on loopback, each a coordinator next to a simulated engine shaped like
        SGLang (HTTP main process, scheduler children with PDEATHSIG, a detokenizer; pod 0 also
@@ -13,6 +13,8 @@
     6. End every process the demo started.
 
 Exit status 0 when nothing was lost and the drained pod ended gracefully, 1 otherwise.
+The console script ``shutdown-coordinator-demo`` (or ``python -m devstack.demo``) runs it; the
+product's ``shutdown-coordinator`` command does not, as no product module imports ``devstack``.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from typing import Any
 
 import httpx
 
-from coordinator.local_stack import LocalStack, Pod
 from coordinator.service.render import table
-from coordinator.streaming_load import ClientStream, StreamingLoad
+from devstack.local_stack import LocalStack, Pod
+from devstack.streaming_load import ClientStream, StreamingLoad
 
 PASSED = 0
 FAILED = 1
@@ -75,7 +77,7 @@ class Tally:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="shutdown-coordinator demo",
+        prog="shutdown-coordinator-demo",
         description="Drain one of three simulated engine pods under streaming load.")
     parser.add_argument("--streams", type=int, default=48,
                         help="concurrent streaming requests (default 48)")
@@ -117,7 +119,7 @@ async def _run(args: argparse.Namespace, workdir: Path) -> int:
 async def _scenario(args: argparse.Namespace, stack: LocalStack) -> int:
     engine = {"token_interval_ms": args.token_interval_ms, "teardown_s": args.teardown_s,
               "graceful_main": True, "schedulers": 2}
-    print("shutdown-coordinator demo")
+    print("shutdown-coordinator-demo")
     print("  starting 3 pods (coordinator + simulated engine each) and the reference router ...")
     pods = await asyncio.to_thread(_start_pods, stack, engine)
     router = await asyncio.to_thread(stack.start_router, pods)
@@ -210,3 +212,7 @@ def _print_report(tally: Tally, stats: dict[str, Any], summary: dict[str, Any], 
           "engine processes")
     graceful = all(p["fate"] in ("exited", "gone") for p in processes) and not unfinished
     return graceful and bool(processes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""``python -m coordinator.sim.daemon``: a process an engine child daemonized (``--daemonize``).
+"""``python -m devstack.sim.daemon``: a process an engine child daemonized (``--daemonize``).
 
 It stands for what some engines leave behind (a cache server, a metrics agent started with a
 double fork): no PDEATHSIG, reparented away from the engine's tree, in a session of its own.
@@ -7,8 +7,8 @@ Like every child it writes its end record and runs until SIGTERM, then its clean
 
 from __future__ import annotations
 
-from coordinator.sim.child import ChildProcess, run_child
-from coordinator.sim.roles import Role
+from devstack.sim.child import ChildProcess, run_child
+from devstack.sim.roles import Role
 
 
 class Daemon(ChildProcess):

@@ -1,5 +1,5 @@
 """Concurrent streaming completions through a router, each checked against the tokens the
-simulated engines produce for its prompt (``coordinator.sim.tokens.expected_tokens``).
+simulated engines produce for its prompt (``devstack.sim.tokens.expected_tokens``).
 
 The demo, the migration tests and the drain benchmark all drain a pod under this load.
 """
@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from coordinator.sim.tokens import expected_tokens
+from devstack.sim.tokens import expected_tokens
 from router_client import sse
 
 

@@ -3,7 +3,7 @@
 The intermediate process starts a new session, forks the daemon and exits at once, so the
 daemon is reparented away (to a subreaper or PID 1) and is in neither its starter's tree, nor
 its session, nor its process group: only the unit it was born in (a container's cgroup or
-mount namespace) still holds it. The daemon execs ``python -m coordinator.sim.daemon`` and
+mount namespace) still holds it. The daemon execs ``python -m devstack.sim.daemon`` and
 reports ready on a pipe, like every other child, with its PID; its end record is
 ``<record-dir>/daemon-<pid>.json``.
 """
@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from coordinator.sim.errors import SimStartupError
+from devstack.sim.errors import SimStartupError
 
 
 def start_daemon(record_dir: str, *, timeout_s: float) -> dict[str, Any]:
@@ -44,7 +44,7 @@ def _intermediate(record_dir: str, read_fd: int, write_fd: int) -> None:
         if os.fork() == 0:
             os.set_inheritable(write_fd, True)
             os.execv(sys.executable, [
-                sys.executable, "-m", "coordinator.sim.daemon", "--record-dir", record_dir,
+                sys.executable, "-m", "devstack.sim.daemon", "--record-dir", record_dir,
                 "--parent-pid", "0", "--ready-fd", str(write_fd),
             ])
     finally:

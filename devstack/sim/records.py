@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from coordinator.sim.roles import Role
+from devstack.sim.roles import Role
 
 CLEANUP_NOT_STARTED = "not started"
 CLEANUP_STARTED = "started"

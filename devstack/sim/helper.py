@@ -1,4 +1,4 @@
-"""``python -m coordinator.sim.helper``: a process a child starts during its own shutdown.
+"""``python -m devstack.sim.helper``: a process a child starts during its own shutdown.
 
 It stands for whatever an engine spawns while tearing down (a flush worker, a compile
 helper): it does not arm PDEATHSIG and runs until SIGTERM, so only a kill that notices new
@@ -7,8 +7,8 @@ processes during the shutdown ends it gracefully.
 
 from __future__ import annotations
 
-from coordinator.sim.child import ChildProcess, run_child
-from coordinator.sim.roles import Role
+from devstack.sim.child import ChildProcess, run_child
+from devstack.sim.roles import Role
 
 
 class Helper(ChildProcess):

@@ -19,7 +19,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from coordinator.sim.streams import CompletionStreams, HandedBack, Token
+from devstack.sim.streams import CompletionStreams, HandedBack, Token
 from worker_client import GracefulShutdown, WorkerClient, install_graceful_shutdown
 
 RECORD_DELAY_S = 0.05

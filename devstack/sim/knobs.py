@@ -10,8 +10,8 @@ import textwrap
 from dataclasses import dataclass, fields
 from typing import Any
 
-from coordinator.sim.errors import SimArgumentError
-from coordinator.sim.roles import Role
+from devstack.sim.errors import SimArgumentError
+from devstack.sim.roles import Role
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class EngineKnobs:
     """How long the main process waits for its children to come up."""
     coordinator: str = ""
     """URL of a shutdown coordinator: register with it through ``worker_client``, track
-    every request, hand requests back on its drain (see ``coordinator.sim.coordination``)."""
+    every request, hand requests back on its drain (see ``devstack.sim.coordination``)."""
     coordinator_token_file: str = ""
     """File holding the coordinator's bearer token, if it needs one."""
 

@@ -23,19 +23,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.sim.daemonize import start_daemon
-from coordinator.sim.linux import set_parent_death_signal
-from coordinator.sim.records import RecordWriter
-from coordinator.sim.roles import EXIT_OK, EXIT_PARENT_GONE, Role, knob_matches
-from coordinator.sim.signals import SignalLatch
-from coordinator.sim.spawn import ChildSpec, StartedChild, report_ready, spawn_children
+from devstack.sim.daemonize import start_daemon
+from devstack.sim.linux import set_parent_death_signal
+from devstack.sim.records import RecordWriter
+from devstack.sim.roles import EXIT_OK, EXIT_PARENT_GONE, Role, knob_matches
+from devstack.sim.signals import SignalLatch
+from devstack.sim.spawn import ChildSpec, StartedChild, report_ready, spawn_children
 
 HELPER_STARTUP_TIMEOUT_S = 30.0
 
 
 def child_arg_parser(role: Role) -> argparse.ArgumentParser:
     """Arguments every child takes; the main process passes them through unchanged."""
-    parser = argparse.ArgumentParser(prog=f"coordinator.sim.{role.value}")
+    parser = argparse.ArgumentParser(prog=f"devstack.sim.{role.value}")
     parser.add_argument("--record-dir", required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--ready-fd", type=int, required=True)
@@ -170,7 +170,7 @@ class ChildProcess:
 
 
 def run_child(cls: type[ChildProcess]) -> None:
-    """Entry point of ``python -m coordinator.sim.<role>``."""
+    """Entry point of ``python -m devstack.sim.<role>``."""
     parser = child_arg_parser(cls.role)
     cls.add_arguments(parser)
     sys.exit(cls(parser.parse_args()).main())

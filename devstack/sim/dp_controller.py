@@ -1,4 +1,4 @@
-"""``python -m coordinator.sim.dp_controller --schedulers N``: the data-parallel controller.
+"""``python -m devstack.sim.dp_controller --schedulers N``: the data-parallel controller.
 
 Its schedulers are its own children and arm PDEATHSIG against it, so if it dies first they
 are SIGKILLed wherever they are in their cleanup. On SIGTERM it therefore (as the upstream
@@ -16,10 +16,10 @@ import signal
 from collections.abc import Callable
 from typing import Any
 
-from coordinator.sim.child import ChildProcess, forwarded_args, run_child
-from coordinator.sim.linux import open_pidfd, send_signal, wait_for_exits
-from coordinator.sim.roles import Role
-from coordinator.sim.spawn import ChildSpec, StartedChild, spawn_children
+from devstack.sim.child import ChildProcess, forwarded_args, run_child
+from devstack.sim.linux import open_pidfd, send_signal, wait_for_exits
+from devstack.sim.roles import Role
+from devstack.sim.spawn import ChildSpec, StartedChild, spawn_children
 
 SCHEDULER_STARTUP_TIMEOUT_S = 60.0
 

@@ -16,8 +16,8 @@ import select
 import threading
 from collections.abc import Callable, Iterable
 
-from coordinator.sim.linux import open_pidfd
-from coordinator.sim.spawn import StartedChild
+from devstack.sim.linux import open_pidfd
+from devstack.sim.spawn import StartedChild
 
 ExitCallback = Callable[[StartedChild, "int | None"], None]
 

@@ -22,10 +22,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import coordinator
-from coordinator.sim.errors import SimStartupError
-from coordinator.sim.knobs import EngineKnobs
-from coordinator.sim.records import read_records
+from devstack.sim.errors import SimStartupError
+from devstack.sim.knobs import EngineKnobs
+from devstack.sim.records import read_records
 
 READY_FILE_NAME = "ready.json"
 DEFAULT_READY_TIMEOUT_S = 60.0
@@ -82,7 +81,7 @@ class EngineHandle:
         return [p.pid for p in self.processes if p.role == role]
 
     def records(self) -> list[dict[str, Any]]:
-        """Every end record written so far (see ``coordinator.sim.records``)."""
+        """Every end record written so far (see ``devstack.sim.records``)."""
         return read_records(self.record_dir)
 
     def record_of(self, pid: int) -> dict[str, Any] | None:
@@ -99,7 +98,7 @@ def engine_argv(record_dir: Path, ready_file: Path, knobs: EngineKnobs) -> list[
     return [
         sys.executable,
         "-m",
-        "coordinator.sim",
+        "devstack.sim",
         "--record-dir",
         str(record_dir),
         "--ready-file",
@@ -138,10 +137,11 @@ def start_engine(
 
 
 def engine_environment() -> dict[str, str]:
-    """This environment, with the directory holding ``coordinator`` first on PYTHONPATH so
-    ``python -m coordinator.sim`` works from any working directory, installed or not."""
+    """This environment, with the directory holding ``devstack`` (and, beside it in the same
+    distribution, ``worker_client``) first on PYTHONPATH so ``python -m devstack.sim`` works
+    from any working directory, installed or not."""
     env = dict(os.environ)
-    root = str(Path(coordinator.__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
 

@@ -1,4 +1,4 @@
-"""``python -m coordinator.sim.scheduler --rank N``: one tensor-parallel scheduler.
+"""``python -m devstack.sim.scheduler --rank N``: one tensor-parallel scheduler.
 
 It holds (simulated) GPU memory registrations, so its cleanup is the ``--teardown-s`` that
 matters; it arms PDEATHSIG like SGLang's schedulers, so a parent that dies first SIGKILLs it.
@@ -6,8 +6,8 @@ matters; it arms PDEATHSIG like SGLang's schedulers, so a parent that dies first
 
 from __future__ import annotations
 
-from coordinator.sim.child import ChildProcess, run_child
-from coordinator.sim.roles import Role
+from devstack.sim.child import ChildProcess, run_child
+from devstack.sim.roles import Role
 
 
 class Scheduler(ChildProcess):
