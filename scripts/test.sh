@@ -17,15 +17,15 @@ echo "== mypy"
 .venv/bin/mypy
 echo "== core tests"
 # Under coverage (COVERAGE=0: without), counting the Python processes the tests start that
-# import a measured package (coordinator, worker_client, router_client, devstack): a .pth file
-# in the virtualenv gives every Python process a finder that, while COORDINATOR_TEST_COVERAGE
-# names the configuration, calls coverage.process_startup() when the first of those packages
-# is imported. A process that never imports one (a test tree, a shell helper) does not load
-# coverage at all, which keeps the run close to its time without coverage; one that does is
-# measured from before its first line of measured code. Each measured process writes a file
-# under .coverage-data/; they are combined and reported after the run, also when a test
-# failed, and the script then exits with pytest's code. Configuration: pyproject.toml,
-# [tool.coverage.*].
+# import a measured package (coordinator, worker_client, router_client, shutdown_wire,
+# devstack): a .pth file in the virtualenv gives every Python process a finder that, while
+# COORDINATOR_TEST_COVERAGE names the configuration, calls coverage.process_startup() when the
+# first of those packages is imported. A process that never imports one (a test tree, a shell
+# helper) does not load coverage at all, which keeps the run close to its time without
+# coverage; one that does is measured from before its first line of measured code. Each
+# measured process writes a file under .coverage-data/; they are combined and reported after
+# the run, also when a test failed, and the script then exits with pytest's code.
+# Configuration: pyproject.toml, [tool.coverage.*].
 install_coverage_hook() {
     local site
     site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
@@ -35,7 +35,7 @@ import sys
 HOOK = """
 import os, sys
 
-MEASURED = ("coordinator", "worker_client", "router_client", "devstack")
+MEASURED = ("coordinator", "worker_client", "router_client", "shutdown_wire", "devstack")
 
 class StartCoverageOnFirstImport:
     started = False

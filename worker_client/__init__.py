@@ -11,12 +11,15 @@
         yield handed_back_event(req.request_id, req.tokens)   # the stream's last event
 
 Only httpx and tenacity are needed; nothing here imports the coordinator, FastAPI or psutil.
+``Tier`` and ``handed_back_event`` are the wire module's (``shutdown_wire``), shared with the
+coordinator and ``router_client``.
 """
 
+from shutdown_wire import Tier, handed_back_event
 from worker_client._client import WorkerClient
-from worker_client._registration import Tier, process_start_time
+from worker_client._registration import process_start_time
 from worker_client._signals import GracefulShutdown, install_graceful_shutdown
-from worker_client._tracking import Request, TrackScope, handed_back_event
+from worker_client._tracking import Request, TrackScope
 from worker_client.errors import CoordinatorRefused, HandedBack, WorkerClientError
 
 __all__ = [

@@ -17,10 +17,12 @@ from typing import Any, ParamSpec, TypeVar
 
 import httpx
 
+import shutdown_wire as wire
+from shutdown_wire import Tier
 from worker_client._doorbell import DoorbellWatch
 from worker_client._events import EventStream, StreamRefused, WorkerUnknown
 from worker_client._raw_http import RawPoster
-from worker_client._registration import Registration, Tier, register
+from worker_client._registration import Registration, register
 from worker_client._reporter import DEFAULT_WINDOW_S, Reporter
 from worker_client._scheduling import check_slice, set_thread_slice
 from worker_client._tracking import Ack, Tracker, TrackScope
@@ -36,9 +38,6 @@ PrekillHook = Callable[[], Any]
 
 PREKILL_HOOK_TIMEOUT_S = 5.0
 """How long one pre-kill hook may take before ``prekill_done`` is reported anyway."""
-
-DRAIN_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
-"""Coordinator phases in which a (re)connecting worker must consider itself drained."""
 
 RECONNECT_FIRST_S = 0.02
 RECONNECT_MAX_S = 2.0
@@ -129,7 +128,7 @@ class WorkerClient:
         self._drain_received_wall = 0.0
         self._timing: dict[str, Any] | None = None
         """This drain's record for ``TIMINGS_ENV``, until it is written."""
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = wire.bearer_header(token)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = threading.Event()
         self._stream: EventStream | None = None
@@ -271,7 +270,8 @@ class WorkerClient:
         Sets the shutdown at once, then asks the coordinator (``POST /drain``, ``wait=false``)
         in the background so the whole pod drains the same way.
         """
-        self._begin_drain({"type": "drain", "reason": reason, "source": "local"}, "local")
+        self._begin_drain({"type": wire.EVENT_DRAIN, "reason": reason, "source": "local"},
+                          "local")
         if self.coordinator_url:
             threading.Thread(
                 target=self._request_drain, args=(reason,), name="worker-client-drain", daemon=True
@@ -407,8 +407,8 @@ class WorkerClient:
         self.registered.set()
         self._reporter.enable(True)
         log.info("registered with %s as worker %s", self.coordinator_url, self.worker_id)
-        if data.get("phase") in DRAIN_PHASES:
-            self._begin_drain({"type": "drain", "reason": "joined a running drain"},
+        if data.get("phase") in wire.DRAIN_PHASES:
+            self._begin_drain({"type": wire.EVENT_DRAIN, "reason": "joined a running drain"},
                               "register")
 
     def _forget_registration(self) -> None:
@@ -418,19 +418,19 @@ class WorkerClient:
 
     def _on_event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
-        if kind == "drain":
+        if kind == wire.EVENT_DRAIN:
             self._begin_drain(event, "push")
-        elif kind == "hello":
+        elif kind == wire.EVENT_HELLO:
             self._stream_was_healthy = True
             phase = event.get("phase")
             self._watch_doorbell(event.get("doorbell"))
-            if phase in DRAIN_PHASES:
-                self._begin_drain({**event, "type": "drain"}, "hello")
-            elif phase == "serving" and self.drain and self.drain.get("source") != "local":
+            if phase in wire.DRAIN_PHASES:
+                self._begin_drain({**event, "type": wire.EVENT_DRAIN}, "hello")
+            elif phase == wire.PHASE_SERVING and self.drain and self.drain.get("source") != "local":
                 self._abort_drain()
-        elif kind == "abort":
+        elif kind == wire.EVENT_ABORT:
             self._abort_drain()
-        elif kind == "terminate":
+        elif kind == wire.EVENT_TERMINATE:
             threading.Thread(target=self._run_prekill_hooks, name="worker-client-prekill",
                              daemon=True).start()
 
@@ -445,7 +445,7 @@ class WorkerClient:
         self._doorbell.arm(info)
 
     def _doorbell_rang(self) -> None:
-        self._begin_drain({"type": "drain", "reason": "doorbell"}, "doorbell")
+        self._begin_drain({"type": wire.EVENT_DRAIN, "reason": "doorbell"}, "doorbell")
         if self.latency_slice_us is not None:
             # Every engine of the pod woke at this same write: let those not yet run set
             # their events before this one starts handing its requests back.

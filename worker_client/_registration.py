@@ -18,6 +18,7 @@ from tenacity import (
 )
 from tenacity.stop import stop_base
 
+from shutdown_wire import Tier
 from worker_client.errors import CoordinatorRefused
 
 FIRST_RETRY_S = 0.05
@@ -26,27 +27,6 @@ to the engine and is up within a fraction of a second."""
 MAX_RETRY_S = 2.0
 """Longest pause between attempts (s): how late the engine may register after a coordinator
 that came up late (or restarted) is reachable again."""
-
-
-@dataclass(frozen=True)
-class Tier:
-    """A kill tier the worker declares (see the coordinator's ordered kill)."""
-
-    name: str
-    pattern: str | None = None
-    roles: tuple[str, ...] = ()
-    signal: str = "SIGTERM"
-    timeout_s: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "signal": self.signal}
-        if self.pattern is not None:
-            out["pattern"] = self.pattern
-        if self.roles:
-            out["roles"] = list(self.roles)
-        if self.timeout_s is not None:
-            out["timeout_s"] = self.timeout_s
-        return out
 
 
 @dataclass(frozen=True)

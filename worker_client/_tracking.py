@@ -30,13 +30,6 @@ the engine's own router, which migrates the stream by itself and never tells the
 (``engine``: the handoff is reported already settled)."""
 
 
-def handed_back_event(request_id: str, tokens: int) -> dict[str, Any]:
-    """The last event of a handed-back request's stream, in place of ``[DONE]``: the router
-    continues the request elsewhere after the ``tokens`` this worker streamed
-    (docs/protocol.md)."""
-    return {"handed_back": True, "request_id": request_id, "tokens": tokens}
-
-
 class Tracker:
     """The worker's in-flight requests and whether a drain is on."""
 

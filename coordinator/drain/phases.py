@@ -23,21 +23,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import shutdown_wire as wire
 from coordinator.errors import DrainConflict
 
 
 class Phase(enum.StrEnum):
-    """Where the drain is. The values are the contract's ``phase`` strings."""
+    """Where the drain is. The values are the contract's ``phase`` strings (``shutdown_wire``)."""
 
-    SERVING = "serving"
+    SERVING = wire.PHASE_SERVING
     """Normal operation; ``/readyz`` answers 200."""
-    DRAINING = "draining"
+    DRAINING = wire.PHASE_DRAINING
     """A drain was requested: readiness fails, workers were told."""
-    MIGRATING = "migrating"
+    MIGRATING = wire.PHASE_MIGRATING
     """Workers hand back in-flight requests; routers acknowledge them."""
-    TERMINATING = "terminating"
+    TERMINATING = wire.PHASE_TERMINATING
     """The ordered graceful kill runs; no way back."""
-    DONE = "done"
+    DONE = wire.PHASE_DONE
     """Every registered process is gone; the summary is final."""
 
     @property

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import hmac
 
-SCHEME = "bearer "
+from shutdown_wire import BEARER
+
+SCHEME = BEARER.lower() + " "
+"""Compared without regard to case."""
 
 
 class TokenCheck:

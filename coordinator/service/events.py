@@ -15,13 +15,15 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+import shutdown_wire as wire
 from coordinator.service.notifier import Subscription, event_line
 from coordinator.service.registry import Worker
 from coordinator.service.runtime import Coordinator
 
 MEDIA_TYPE = "application/x-ndjson"
 
-DRAIN_LINE = b'{"type":"drain"'
+DRAIN_LINE = b'{"type":"%s"' % wire.EVENT_DRAIN.encode()
+"""How a ``drain`` line starts (``event_line`` of the coordinator's drain event)."""
 
 
 class EventStream(Response):
@@ -51,7 +53,7 @@ class EventStream(Response):
                 ],
             })
             hello: dict[str, Any] = {
-                "type": "hello", "id": worker.id, "phase": coordinator.machine.phase.value,
+                "type": wire.EVENT_HELLO, "id": worker.id, "phase": coordinator.machine.phase.value,
                 "generation": coordinator.machine.generation, "at": time.time(),
             }
             bell = coordinator.doorbell

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import shutdown_wire as wire
 from coordinator.errors import TargetNotFound
 from coordinator.kill import pidfd, procfs
 from coordinator.kill.policy import Target, TierSpec
@@ -31,17 +32,17 @@ POLL_FALLBACK_S = 1.0
 
 
 class WorkerState(enum.StrEnum):
-    """A worker's state as ``/status`` shows it."""
+    """A worker's state as ``/status`` shows it (the strings: ``shutdown_wire``)."""
 
-    SERVING = "serving"
+    SERVING = wire.WORKER_SERVING
     """Registered; takes new work."""
-    DRAINING = "draining"
+    DRAINING = wire.WORKER_DRAINING
     """Told to drain; may still hold in-flight requests."""
-    DRAINED = "drained"
+    DRAINED = wire.WORKER_DRAINED
     """Reported zero in-flight requests during a drain."""
-    TERMINATING = "terminating"
+    TERMINATING = wire.WORKER_TERMINATING
     """Told the kill is about to start."""
-    EXITED = "exited"
+    EXITED = wire.WORKER_EXITED
     """Its process is gone."""
 
 
