@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+import shutdown_wire as wire
+
 log = logging.getLogger("router_client")
 
 LONG_POLL_S = 20.0
@@ -40,8 +42,6 @@ ACK_WINDOW_S = 0.005
 """Acks to one coordinator are gathered this long (s) and sent as one call: a draining pod
 hands back its requests within a few ms, and one ack call per request would load the
 coordinator (and the router) at the very moment the drain's push is still reaching workers."""
-
-DRAINING_PHASES = frozenset({"draining", "migrating", "terminating", "done"})
 
 
 @dataclass
@@ -73,7 +73,7 @@ class CoordinatorView:
 
     @property
     def draining(self) -> bool:
-        return self.phase in DRAINING_PHASES
+        return self.phase in wire.DRAIN_PHASES
 
     def migrations(self) -> list[dict[str, Any]]:
         if self.status is None:
@@ -135,17 +135,19 @@ class Watcher:
         return self.workers.get(_norm(worker_url))
 
     def is_draining(self, worker_url: str) -> bool:
-        """True once the worker's coordinator left ``serving`` (the whole pod is draining)."""
+        """True when the worker is to get no new work: its coordinator left ``serving`` (the
+        whole pod is draining), or the coordinator lists the worker and none of its entries at
+        that URL takes work (it is ``draining``, ``drained``, ``terminating``, or its process
+        ``exited``). False for a worker its coordinator does not list (one it adopted)."""
         coordinator = self.coordinator_of(worker_url)
         if coordinator is None:
             return False
         view = self.views[coordinator]
         if view.draining:
             return True
-        for worker in (view.status or {}).get("workers") or ():
-            if _norm(str(worker.get("url") or "")) == _norm(worker_url):
-                return worker.get("state") in DRAINING_PHASES
-        return False
+        states = [worker.get("state") for worker in (view.status or {}).get("workers") or ()
+                  if _norm(str(worker.get("url") or "")) == _norm(worker_url)]
+        return bool(states) and wire.WORKER_SERVING not in states
 
     def handed_back(self, request_id: str) -> dict[str, Any] | None:
         """The pending migration of ``request_id`` on any coordinator, or None."""

@@ -1,14 +1,17 @@
-"""router_client.Watcher against a real coordinator: the router view, batched and early acks."""
+"""router_client.Watcher against a real coordinator: the router view, batched and early acks,
+which workers take new work."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 from pathlib import Path
 
 import httpx
 
+import shutdown_wire as wire
 from router_client import Watcher
 from tests.engines.stack import free_port
 from tests.service.servers import FAST, register, start_coordinator
@@ -91,4 +94,55 @@ async def test_an_ack_a_restarted_coordinator_forgot_is_sent_again(
     counts = summary["migration_counts"]
     assert (counts["handed_back"], counts["acked"], counts["expired"]) == (1, 1, 0)
     assert summary["drain"]["lost_requests"] == 0
+    assert summary["outcome"] == "graceful", summary["drain"]["causes"]
+
+
+async def test_a_worker_that_takes_no_work_reads_as_draining_while_its_pod_serves(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. A serving coordinator with two registered engines, at http://w1 and http://w2; a
+       Watcher maps both to it. Neither reads as draining.
+    2. w1's process exits (SIGTERM): the coordinator lists it ``exited`` and stays
+       ``serving``.
+    3. Once the Watcher has seen that, w1 reads as draining (no new work may go there) and
+       w2 does not: the worker's state is judged by the worker states, not by the phases
+       (``exited`` is no phase, so it used to read as taking work).
+    4. A new engine registers at http://w1 (the engine restarted): w1 takes work again, the
+       old ``exited`` entry beside it notwithstanding.
+    5. A drain ends both engines (done)."""
+    running = start_coordinator(janitor, tmp_path, *FAST)
+    first = start_tree(janitor, tmp_path, children=0, tag="w1")
+    register(running, first["pid"], url="http://w1")
+    register(running, start_tree(janitor, tmp_path, children=0, tag="w2")["pid"],
+             url="http://w2")
+    urls = {"http://w1": running.url, "http://w2": running.url}
+    async with httpx.AsyncClient(timeout=60) as http, Watcher(urls) as watcher:
+
+        async def seen_by_watcher(generation: int) -> None:
+            view = watcher.views[running.url]
+            assert await watcher.wait_for(lambda: view.generation >= generation, 30)
+
+        status = running.status()
+        await seen_by_watcher(status["generation"])
+        assert (watcher.is_draining("http://w1"), watcher.is_draining("http://w2")) == (
+            False, False)
+
+        os.kill(first["pid"], signal.SIGTERM)
+        status = wait_for(lambda: (s := running.status()) and {
+            w["url"]: w["state"] for w in s["workers"]}["http://w1"] == wire.WORKER_EXITED
+            and s, what="w1 listed as exited")
+        assert status["phase"] == wire.PHASE_SERVING
+        await seen_by_watcher(status["generation"])
+        assert (watcher.is_draining("http://w1"), watcher.is_draining("http://w2")) == (
+            True, False)
+
+        register(running, start_tree(janitor, tmp_path, children=0, tag="w1b")["pid"],
+                 url="http://w1")
+        await seen_by_watcher(running.status()["generation"])
+        assert [w["state"] for w in running.status()["workers"] if w["url"] == "http://w1"] \
+            == [wire.WORKER_EXITED, wire.WORKER_SERVING]
+        assert not watcher.is_draining("http://w1")
+
+        summary = (await http.get(f"{running.url}/drain", timeout=60)).json()
+    assert summary["phase"] == wire.PHASE_DONE
     assert summary["outcome"] == "graceful", summary["drain"]["causes"]
