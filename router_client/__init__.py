@@ -3,14 +3,43 @@
     watcher = Watcher({"http://10.0.0.5:8000": "http://10.0.0.5:8787"})
     watcher.start()                                  # inside the router's loop
     watcher.is_draining("http://10.0.0.5:8000")      # stop routing new work there
-    watcher.handed_back("req-42")                    # the pending migration, or None
+    watcher.handed_back("req-42")                    # the pending Migration, or None
     await watcher.ack(["req-42"])                    # after re-issuing it elsewhere
+
+    HandedBack.from_event(event)                     # an engine stream's last event, or None
+
+What coordinators answer comes back as frozen dataclasses (``router_client.messages``:
+``RouterStatus``, ``WorkerEntry``, ``Migration``, ``AckResult``, ...); a field they need that
+is missing or mistyped is a ``MalformedAnswer``. The protocol's strings (phases, worker
+states) are ``shutdown_wire``'s.
 
 The reference router (``python -m devstack.reference_router``, outside this package) is built
 on it; the protocol is in docs/protocol.md. Only httpx is needed; nothing here imports the
 coordinator or devstack.
 """
 
+from router_client.errors import MalformedAnswer, RouterClientError
+from router_client.messages import (
+    AckResult,
+    DrainInfo,
+    HandedBack,
+    Migration,
+    MigrationCounts,
+    RouterStatus,
+    WorkerEntry,
+)
 from router_client.watch import CoordinatorView, Watcher
 
-__all__ = ["CoordinatorView", "Watcher"]
+__all__ = [
+    "AckResult",
+    "CoordinatorView",
+    "DrainInfo",
+    "HandedBack",
+    "MalformedAnswer",
+    "Migration",
+    "MigrationCounts",
+    "RouterClientError",
+    "RouterStatus",
+    "Watcher",
+    "WorkerEntry",
+]

@@ -28,6 +28,8 @@ from typing import Any
 import httpx
 
 import shutdown_wire as wire
+from router_client.errors import MalformedAnswer
+from router_client.messages import AckResult, Migration, RouterStatus
 
 log = logging.getLogger("router_client")
 
@@ -49,7 +51,8 @@ class CoordinatorView:
     """The last ``/status`` seen from one coordinator."""
 
     url: str
-    status: dict[str, Any] | None = None
+    status: RouterStatus | None = None
+    """The last answer; None until the first one."""
     generation: int = -1
     reachable: bool = False
     updated_at: float = 0.0
@@ -69,16 +72,14 @@ class CoordinatorView:
 
     @property
     def phase(self) -> str | None:
-        return None if self.status is None else self.status.get("phase")
+        return None if self.status is None else self.status.phase
 
     @property
     def draining(self) -> bool:
-        return self.phase in wire.DRAIN_PHASES
+        return self.status is not None and self.status.draining
 
-    def migrations(self) -> list[dict[str, Any]]:
-        if self.status is None:
-            return []
-        return list(self.status.get("migrations") or [])
+    def migrations(self) -> tuple[Migration, ...]:
+        return () if self.status is None else self.status.migrations
 
 
 class Watcher:
@@ -95,9 +96,8 @@ class Watcher:
         self.workers = {_norm(w): _norm(c) for w, c in workers.items()}
         self.views = {c: CoordinatorView(c) for c in dict.fromkeys(self.workers.values())}
         self.long_poll_s = long_poll_s
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._http = http or httpx.AsyncClient(
-            headers=headers, timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
+            headers=wire.bearer_header(token), timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
             limits=httpx.Limits(max_connections=4 * len(self.views) + 8),
         )
         self._tasks: list[asyncio.Task[None]] = []
@@ -143,21 +143,21 @@ class Watcher:
         if coordinator is None:
             return False
         view = self.views[coordinator]
-        if view.draining:
+        if view.status is None:
+            return False
+        if view.status.draining:
             return True
-        states = [worker.get("state") for worker in (view.status or {}).get("workers") or ()
-                  if _norm(str(worker.get("url") or "")) == _norm(worker_url)]
-        return bool(states) and wire.WORKER_SERVING not in states
+        entries = view.status.workers_at(worker_url)
+        return bool(entries) and not any(entry.takes_work for entry in entries)
 
-    def handed_back(self, request_id: str) -> dict[str, Any] | None:
+    def handed_back(self, request_id: str) -> Migration | None:
         """The pending migration of ``request_id`` on any coordinator, or None."""
         for view in self.views.values():
-            for migration in view.migrations():
-                if migration.get("request_id") == request_id:
-                    return migration
+            if view.status is not None and (found := view.status.migration(request_id)):
+                return found
         return None
 
-    def pending_migrations(self) -> list[dict[str, Any]]:
+    def pending_migrations(self) -> list[Migration]:
         """Every handed-back request not yet acknowledged, on every coordinator."""
         return [m for view in self.views.values() for m in view.migrations()]
 
@@ -227,13 +227,13 @@ class Watcher:
         try:
             resp = await self._http.post(f"{view.url}/migrations/ack", json={"request_ids": ids})
             resp.raise_for_status()
-            answer = resp.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            answer = AckResult.from_json(resp.json())
+        except (httpx.HTTPError, ValueError) as exc:  # MalformedAnswer is a ValueError
             log.warning("ack to %s failed (%s); retrying on its next change", view.url, exc)
             view.pending_acks.update(ids)
             return []
-        done = [*(answer.get("acked") or ()), *(answer.get("early") or ())]
-        view.pending_acks.update(answer.get("unknown") or ())
+        done = list(answer.taken)
+        view.pending_acks.update(answer.unknown)
         view.pending_acks.difference_update(done)
         view.took(done)
         return done
@@ -250,7 +250,12 @@ class Watcher:
             try:
                 resp = await self._http.get(f"{view.url}/status", params=params)
                 resp.raise_for_status()
-                status = resp.json()
+                status = RouterStatus.from_json(resp.json(), f"{view.url}/status")
+            except MalformedAnswer as exc:
+                log.warning("coordinator %s answered a malformed /status: %s", view.url, exc)
+                view.reachable = False
+                await asyncio.sleep(RETRY_MAX_S)
+                continue
             except (httpx.HTTPError, ValueError) as exc:
                 if view.reachable:
                     log.info("coordinator %s unreachable: %s", view.url, exc)
@@ -261,18 +266,17 @@ class Watcher:
             delay = RETRY_FIRST_S
             view.reachable = True
             view.updated_at = time.monotonic()
-            generation = int(status.get("generation", -1))
-            if generation != view.generation or view.status is None:
-                view.status, view.generation = status, generation
+            if status.generation != view.generation or view.status is None:
+                view.status, view.generation = status, status.generation
                 await self._after_change(view)
 
     async def _after_change(self, view: CoordinatorView) -> None:
         if view.pending_acks or view.acked:
-            listed = {m.get("request_id") for m in view.migrations()}
+            listed = {m.request_id for m in view.migrations()}
             # Pending: not known to it yet. Acked before: it forgot (restarted unsaved).
             due = [r for r in listed if r in view.pending_acks or r in view.acked]
             if due:
-                await self._ack(view, [str(r) for r in due])
+                await self._ack(view, due)
         async with self._changed:
             self._changed.notify_all()
 
