@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import logging
 import os
 import time
@@ -19,31 +18,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import shutdown_wire as wire
 from coordinator.errors import TargetNotFound
 from coordinator.kill import pidfd, procfs
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.identity import ProcessFacts, facts, same_start
+from coordinator.service.worker_moves import WorkerMove, WorkerState, after
 
 log = logging.getLogger(__name__)
 
 POLL_FALLBACK_S = 1.0
-
-
-class WorkerState(enum.StrEnum):
-    """A worker's state as ``/status`` shows it (the strings: ``shutdown_wire``)."""
-
-    SERVING = wire.WORKER_SERVING
-    """Registered; takes new work."""
-    DRAINING = wire.WORKER_DRAINING
-    """Told to drain; may still hold in-flight requests."""
-    DRAINED = wire.WORKER_DRAINED
-    """Reported zero in-flight requests during a drain."""
-    TERMINATING = wire.WORKER_TERMINATING
-    """Told the kill is about to start."""
-    EXITED = wire.WORKER_EXITED
-    """Its process is gone."""
 
 
 @dataclass
@@ -301,7 +285,7 @@ class WorkerRegistry:
 
     def _mark_exited(self, worker: Worker) -> None:
         log.info("worker %s (pid %d) exited", worker.id, worker.pid)
-        worker.state = WorkerState.EXITED
+        worker.state = after(worker.state, WorkerMove.EXIT)
         worker.exited_at = time.time()
         worker.inflight = 0 if worker.inflight else worker.inflight
         if self._on_exit_hook is not None:

@@ -39,10 +39,10 @@ from coordinator.service.models import RegisterRequest, ReportRequest
 from coordinator.service.notifier import Notifier
 from coordinator.service.persistence import StateKeeper
 from coordinator.service.process_scan import ProcessScan, Roots
-from coordinator.service.registry import Worker, WorkerRegistry, WorkerState
+from coordinator.service.registry import Worker, WorkerRegistry
 from coordinator.service.restore import RestoredState
 from coordinator.service.status_view import StatusView
-from coordinator.service.worker_moves import WorkerMove, after, apply
+from coordinator.service.worker_moves import WorkerMove, WorkerState, after, apply
 from coordinator.settings import Settings
 
 log = logging.getLogger(__name__)

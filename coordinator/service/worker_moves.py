@@ -14,8 +14,28 @@ A move not in the table leaves the state as it is (a second ``drain`` of a drain
 from __future__ import annotations
 
 import enum
+from typing import Protocol
 
-from coordinator.service.registry import Worker, WorkerState
+import shutdown_wire as wire
+
+
+class WorkerState(enum.StrEnum):
+    """A worker's state as ``/status`` shows it (the strings: ``shutdown_wire``)."""
+
+    SERVING = wire.WORKER_SERVING
+    """Registered; takes new work."""
+    DRAINING = wire.WORKER_DRAINING
+    """Told to drain; may still hold in-flight requests."""
+    DRAINED = wire.WORKER_DRAINED
+    """Reported zero in-flight requests during a drain."""
+    TERMINATING = wire.WORKER_TERMINATING
+    """Told the kill is about to start."""
+    EXITED = wire.WORKER_EXITED
+    """Its process is gone."""
+
+
+class HasState(Protocol):
+    state: WorkerState
 
 
 class WorkerMove(enum.StrEnum):
@@ -52,5 +72,5 @@ def after(state: WorkerState, move: WorkerMove) -> WorkerState:
     return MOVES[move].get(state, state)
 
 
-def apply(worker: Worker, move: WorkerMove) -> None:
+def apply(worker: HasState, move: WorkerMove) -> None:
     worker.state = after(worker.state, move)

@@ -13,7 +13,8 @@ from coordinator.drain.phases import Phase
 from coordinator.service import expiry
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import MigrationBook
-from coordinator.service.registry import Worker, WorkerState
+from coordinator.service.registry import Worker
+from coordinator.service.worker_moves import WorkerState
 
 
 @dataclass

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.service.registry import WorkerState
-from coordinator.service.worker_moves import MOVES, WorkerMove, after
+from coordinator.service.worker_moves import MOVES, WorkerMove, WorkerState, after
 
 S, D, DD, T, X = (WorkerState.SERVING, WorkerState.DRAINING, WorkerState.DRAINED,
                   WorkerState.TERMINATING, WorkerState.EXITED)

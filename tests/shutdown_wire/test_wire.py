@@ -19,7 +19,7 @@ import pytest
 import shutdown_wire as wire
 import worker_client
 from coordinator.drain.phases import Phase
-from coordinator.service.registry import WorkerState
+from coordinator.service.worker_moves import WorkerState
 from router_client import RouterStatus
 from tests.service.servers import FAST, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
