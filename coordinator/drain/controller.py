@@ -29,15 +29,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import time
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
 
 from coordinator.drain.budget import (
-    BudgetSplit,
-    Deadlines,
     anchor,
     effective_budget,
     remaining,
@@ -47,150 +42,17 @@ from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.handover import Handover
 from coordinator.drain.outcome import Verdict, judge
 from coordinator.drain.phases import IllegalTransition, Move, Phase, PhaseMachine
+from coordinator.drain.ports import Fleet, Killer
+from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, RefusedTarget
-from coordinator.kill.policy import KillPolicy, Target
+from coordinator.kill.policy import KillPolicy
 from coordinator.kill.report import KillReport, ProcessOutcome
-from coordinator.kill.table import HandRoots, OnUpdate, PriorOutcomes
 
 log = logging.getLogger(__name__)
 
-OutcomeKey = tuple[int, float | None]
 KILL_ATTEMPTS = 2
 """A kill that raised (a bug, never a process's fault: those are recorded per process) is
 run once more, resuming from what the first attempt did."""
-
-class Killer(Protocol):
-    """The kill engine as the controller drives it (``coordinator.kill.Terminator``)."""
-
-    async def run(self, targets: Iterable[Target], policy: KillPolicy | None = None, *,
-                  on_update: OnUpdate | None = None, prior: PriorOutcomes | None = None,
-                  hand_roots: HandRoots | None = None) -> KillReport:
-        """Run one kill to its report."""
-
-    def escalate(self) -> bool:
-        """Switch the running kill to force mode now (False: no kill runs)."""
-
-
-class Fleet(Protocol):
-    """What the controller needs from the workers' side of the service."""
-
-    def drain_started(self, drain: DrainRecord) -> None:
-        """Mark workers draining and push the ``drain`` event (must not await)."""
-
-    def drain_aborted(self) -> None:
-        """Mark workers serving again and push ``abort``."""
-
-    def terminating(self, drain: DrainRecord) -> list[str]:
-        """Push ``terminate``; return the ids of workers whose ``prekill_done`` to wait for."""
-
-    def migration_settled(self) -> bool:
-        """Every worker reported zero in-flight since the drain started (or was not
-        connected to hear of it, or disconnected, or exited; one that was connected when a
-        restarted coordinator last saved its state has connected again) and every handoff
-        is acknowledged."""
-
-    def prekill_settled(self, worker_ids: list[str]) -> bool:
-        """Every one of these workers reported ``prekill_done`` (or exited, or disconnected)."""
-
-    def kill_targets(self) -> list[Target]:
-        """Registered workers' roots plus adopted roots, discovered now."""
-
-    def budget_ended(self) -> None:
-        """The drain's budget is over (pending migrations expire)."""
-
-    def lost_requests(self, drain: DrainRecord) -> int:
-        """The drain is over: expire the handoffs still pending and return how many this
-        drain lost in all (handed back, never acknowledged by a router)."""
-
-    def persist(self, now: bool = False) -> Awaitable[None] | None:
-        """Save the state (``now``: return an awaitable that completes once it is on disk)."""
-
-
-@dataclass(frozen=True)
-class DrainConfig:
-    """The settings a drain is planned with."""
-
-    budget_s: float
-    tier_timeout_s: float
-    confirm_s: float
-    termination_share: float = 0.4
-    min_drain_s: float = 0.0
-    prekill_timeout_s: float = 2.0
-    kill_signal: int = signal.SIGTERM
-
-
-@dataclass
-class DrainRecord:
-    """One drain: why, when, and its deadlines (epoch seconds, so a restart keeps them)."""
-
-    reason: str
-    split: BudgetSplit
-    deadlines: Deadlines
-    outcome: str | None = None
-    """Once it ended: ``graceful``, ``aborted``, or the word ``coordinator.drain.outcome``
-    judges for what went wrong (``survived``, ``killed``, ``signalled``, ...)."""
-    causes: list[str] = field(default_factory=list)
-    """Why the outcome is not graceful: one plain sentence per cause."""
-    lost_requests: int = 0
-    """Handoffs of this drain that no router acknowledged: requests whose clients were cut
-    off."""
-    errors: list[str] = field(default_factory=list)
-    """Internal failures during the drain (each one also in the log); the drain went on."""
-    expired_before: int | None = None
-    """The migration book's expired count when the drain started (its own count is the
-    difference), kept across a restart."""
-    ended_at: float | None = None
-    kill: dict[str, Any] | None = None
-    """The kill report's header (mode, exit detection, notes), once the kill ran."""
-    outcomes: dict[OutcomeKey, ProcessOutcome] = field(default_factory=dict)
-    force: bool = False
-    """An operator asked for a force drain (from the start, or by escalation)."""
-
-    def to_status(self) -> dict[str, Any]:
-        return {
-            "reason": self.reason,
-            "started_at": self.deadlines.started_at,
-            "deadline_at": self.deadlines.deadline_at,
-            "migration_deadline_at": self.deadlines.migration_deadline_at,
-            "min_drain_until": self.deadlines.min_drain_until,
-            "budget_s": self.split.total_s,
-            "migration_s": self.split.migration_s,
-            "termination_s": self.split.termination_s,
-            "outcome": self.outcome,
-            "causes": list(self.causes),
-            "lost_requests": self.lost_requests,
-            "errors": list(self.errors),
-            "ended_at": self.ended_at,
-            "force": self.force,
-        }
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            **self.to_status(),
-            "expired_before": self.expired_before,
-            "min_drain_s": self.split.min_drain_s,
-            "kill": self.kill,
-            "outcomes": [o.to_dict() for o in self.outcomes.values()],
-        }
-
-    @classmethod
-    def from_record(cls, data: dict[str, Any]) -> DrainRecord:
-        split = BudgetSplit(float(data["budget_s"]), float(data["migration_s"]),
-                            float(data["termination_s"]), float(data.get("min_drain_s", 0.0)))
-        outcomes = [ProcessOutcome.from_dict(o) for o in data.get("outcomes", ())]
-        return cls(
-            reason=str(data["reason"]), split=split,
-            deadlines=anchor(split, float(data["started_at"])),
-            outcome=data.get("outcome"), ended_at=data.get("ended_at"), kill=data.get("kill"),
-            outcomes={(o.pid, o.start_time): o for o in outcomes},
-            force=bool(data.get("force", False)),
-            causes=[str(c) for c in data.get("causes") or ()],
-            lost_requests=int(data.get("lost_requests") or 0),
-            errors=[str(e) for e in data.get("errors") or ()],
-            expired_before=(None if data.get("expired_before") is None
-                            else int(data["expired_before"])),
-        )
-
 
 class DrainController:
     """Owns the drain task; see the module docstring for its steps."""

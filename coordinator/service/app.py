@@ -21,9 +21,9 @@ from fastapi.responses import JSONResponse, Response
 
 from coordinator import __version__
 from coordinator.drain.budget import remaining
-from coordinator.drain.controller import Killer
 from coordinator.drain.handover import so_far
 from coordinator.drain.phases import Phase
+from coordinator.drain.ports import Killer
 from coordinator.errors import DrainConflict, LimitReached, RefusedTarget, TargetNotFound
 from coordinator.service import peers
 from coordinator.service.auth import TokenCheck

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 
-from coordinator.drain.controller import DrainRecord
+from coordinator.drain.record import DrainRecord
 from coordinator.kill.report import Fate
 from coordinator.logfmt import logfmt
 

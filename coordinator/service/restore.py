@@ -14,8 +14,8 @@ from typing import Any
 
 import psutil
 
-from coordinator.drain.controller import DrainRecord
 from coordinator.drain.phases import Phase, Transition
+from coordinator.drain.record import DrainRecord
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.identity import same_start
 from coordinator.service.migrations import MigrationBook

@@ -26,8 +26,10 @@ from typing import Any
 from coordinator import startup_check
 from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, Killer
+from coordinator.drain.controller import DrainController
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
+from coordinator.drain.ports import Killer
+from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, LimitReached
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.service import adoption, drain_log, expiry, identity, posture

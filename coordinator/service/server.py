@@ -27,7 +27,7 @@ from types import FrameType
 import uvicorn
 
 from coordinator import startup_check
-from coordinator.drain.controller import Killer
+from coordinator.drain.ports import Killer
 from coordinator.kill import procfs, safety
 from coordinator.logfmt import logfmt
 from coordinator.service.app import create_app

@@ -24,8 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.controller import DrainConfig, DrainController, DrainRecord, OutcomeKey
+from coordinator.drain.controller import DrainController
 from coordinator.drain.phases import Phase, PhaseMachine
+from coordinator.drain.record import DrainConfig, DrainRecord, OutcomeKey
 from coordinator.kill.policy import KillPolicy, Target
 from coordinator.kill.report import Fate, KillReport, ProcessOutcome
 from coordinator.kill.table import PriorOutcomes

@@ -24,8 +24,8 @@ from coordinator.drain import changes as changes_module
 from coordinator.drain import state_file
 from coordinator.drain.budget import anchor, split_budget
 from coordinator.drain.changes import ChangeSignal
-from coordinator.drain.controller import DrainRecord
 from coordinator.drain.phases import Phase, Transition
+from coordinator.drain.record import DrainRecord
 from coordinator.drain.state_file import (
     MAX_STATE_BYTES,
     STATE_VERSION,

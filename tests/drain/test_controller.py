@@ -9,12 +9,9 @@ from typing import Any
 
 import pytest
 
-from coordinator.drain.controller import (
-    KILL_ATTEMPTS,
-    DrainConfig,
-    DrainRecord,
-)
+from coordinator.drain.controller import KILL_ATTEMPTS
 from coordinator.drain.phases import IllegalTransition, Phase
+from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, RefusedTarget
 from coordinator.kill.policy import Target
 from coordinator.kill.report import Fate, KillReport

@@ -17,8 +17,8 @@ import pytest
 
 from coordinator.drain import state_file
 from coordinator.drain.budget import anchor, split_budget
-from coordinator.drain.controller import DrainRecord
 from coordinator.drain.phases import Phase, Transition
+from coordinator.drain.record import DrainRecord
 from coordinator.drain.state_file import (
     STATE_VERSION,
     StateFileError,
