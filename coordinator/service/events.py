@@ -60,7 +60,7 @@ class EventStream(Response):
             if bell is not None and bell.info is not None:
                 hello["doorbell"] = bell.info.as_json()
             first = event_line(hello) + b"".join(
-                event_line(e) for e in coordinator.catch_up_events())
+                event_line(e) for e in coordinator.fleet.catch_up_events())
             await send({"type": "http.response.body", "body": first, "more_body": True})
 
             def write_now(line: bytes) -> Awaitable[None]:

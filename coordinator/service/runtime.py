@@ -21,7 +21,6 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import Any
 
 from coordinator import startup_check
 from coordinator.drain.budget import total_budget
@@ -31,10 +30,11 @@ from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, LimitReached
-from coordinator.kill.policy import Target, TierSpec
+from coordinator.kill.policy import TierSpec
 from coordinator.service import adoption, drain_log, expiry, identity, posture
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.engine_probe import EngineProbe
+from coordinator.service.fleet import WorkerFleet
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
 from coordinator.service.models import RegisterRequest, ReportRequest
@@ -90,10 +90,12 @@ class Coordinator:
         """``/status`` as documents and as bytes, cached per generation."""
         self.long_polls = 0
         """``GET /status?wait`` callers waiting now (bounded by ``max_long_polls``)."""
+        self.fleet = WorkerFleet(self)
+        """The workers' side of a drain (the controller's ``Fleet``)."""
         self.controller = DrainController(
             machine=self.machine,
             changes=self.changes,
-            fleet=self,
+            fleet=self.fleet,
             kill=kill,
             config=DrainConfig(
                 budget_s=total_budget(settings.grace_period_s, settings.safety_margin_s),
@@ -321,118 +323,6 @@ class Coordinator:
             worker.awaiting_report = False  # it cannot have heard of the drain, or is gone
         self.bump()
 
-    def catch_up_events(self) -> list[dict[str, Any]]:
-        """Events a stream opened mid-drain must see right after its ``hello``."""
-        drain = self.controller.drain
-        phase = self.machine.phase
-        if drain is None or phase.idle:
-            return []
-        events = [self._drain_event(drain)]
-        if phase is Phase.TERMINATING:
-            events.append(self._terminate_event(drain))
-        return events
-
-    # --- Fleet (the drain controller's view) ------------------------------------------------
-
-    def _drain_event(self, drain: DrainRecord) -> dict[str, Any]:
-        d = drain.deadlines
-        return {"type": "drain", "generation": self.machine.generation, "reason": drain.reason,
-                "started_at": d.started_at, "deadline_at": d.deadline_at,
-                "migration_deadline_at": d.migration_deadline_at}
-
-    def _terminate_event(self, drain: DrainRecord) -> dict[str, Any]:
-        return {"type": "terminate", "generation": self.machine.generation,
-                "deadline_at": drain.deadlines.deadline_at}
-
-    def drain_started(self, drain: DrainRecord) -> None:
-        if drain.expired_before is None:  # a resumed drain keeps its own
-            drain.expired_before = self.migrations.expired
-        if self.doorbell is not None:
-            self.doorbell.ring()
-        self.notifier.publish(self._drain_event(drain))
-        if self.engine_probe is not None:
-            self.engine_probe.start()
-        for worker in self.registry.alive():
-            apply(worker, WorkerMove.DRAIN)
-            # A worker that hears of the drain now holds the migrating phase until it has
-            # reported; one that never connected cannot report and counts as drained.
-            worker.awaiting_report = self.notifier.connected(worker.id) > 0
-            worker.notified_at = None
-        self.metrics.drains_started.inc()
-        self.bump()
-
-    def drain_aborted(self) -> None:
-        if self.doorbell is not None:
-            self.doorbell.reset()  # before the abort line: a worker re-arms when it reads it
-        self.notifier.publish({"type": "abort", "generation": self.machine.generation})
-        if self.engine_probe is not None:
-            self.engine_probe.stop()
-        for worker in self.registry.alive():
-            apply(worker, WorkerMove.ABORT)
-            worker.prekill_done = False
-            worker.awaiting_report = False
-
-    def terminating(self, drain: DrainRecord) -> list[str]:
-        if self.engine_probe is not None:
-            self.engine_probe.stop()
-        self.notifier.publish(self._terminate_event(drain))
-        waiting: list[str] = []
-        for worker in self.registry.alive():
-            apply(worker, WorkerMove.TERMINATE)
-            if not worker.prekill_done and (self.notifier.connected(worker.id)
-                                            or worker.reconnect_awaited):
-                waiting.append(worker.id)
-        self.bump()
-        return waiting
-
-    def migration_settled(self) -> bool:
-        if self.migrations.pending:
-            return False
-        if self.engine_probe is not None and not self.engine_probe.settled:
-            return False
-        return all(not w.inflight and not w.awaiting_report and not w.reconnect_awaited
-                   for w in self.registry.alive())
-
-    def prekill_settled(self, worker_ids: list[str]) -> bool:
-        for worker_id in worker_ids:
-            worker = self.registry.workers.get(worker_id)
-            if (worker is not None and worker.alive and not worker.prekill_done
-                    and (self.notifier.connected(worker_id) or worker.reconnect_awaited)):
-                return False
-        return True
-
-    def kill_targets(self) -> list[Target]:
-        self.registry.settle()  # a root that died a moment ago is an exited worker, not a target
-        targets = [w.target() for w in self.registry.alive()]
-        registered = {t.pid for t in targets}
-        self.scan.adopted = adoption.discover(self.rules, exclude=registered)
-        adopted_tiers = tuple(self.settings.adopt_tiers)
-        targets.extend(Target(pid=f.pid, start_time=f.start_time, role="adopted",
-                              tiers=adopted_tiers)
-                       for f in self.scan.adopted)
-        # What exited workers left behind (reparented away from their tree: found by their
-        # session, group or unit, or last listed under them) and what left a live tree, by
-        # identity (gone ones are reported gone). The preStop hook waiting on us is not.
-        drain = self.controller.drain
-        for worker in self.registry.workers.values():
-            if not worker.alive:
-                self.scan.root_exited(worker.pid, worker.start_time)
-                # Its own end goes into the drain's outcomes, which the kill receives as
-                # ``prior`` and reports as found: a crashed main process is part of the truth.
-                if drain is not None:
-                    ended = worker.ended_before_the_kill()
-                    drain.outcomes.setdefault((ended.pid, ended.start_time), ended)
-        live = [(t.pid, t.role) for t in targets]
-        try:
-            remnants = self.scan.kill_remnants(live)
-        except Exception:
-            log.exception("looking for what exited workers left behind failed")
-            remnants = [o for o in self.scan.scanned.values()
-                        if o.root_pid in self.scan.exited and o.depth > 0]
-        targets.extend(Target(pid=o.pid, start_time=o.start_time, role=o.role or "orphan",
-                              include_tree=True) for o in remnants)
-        return targets
-
     def worker_exited(self, worker: Worker) -> None:
         """A registered worker's process ended: list what it left behind (children it
         started since the last scan, reparented away) at once, while no kill runs."""
@@ -443,16 +333,6 @@ class Coordinator:
             self.scan.rescan_soon(self._roots())
         except RuntimeError:
             log.warning("worker %s exited with no event loop to scan from", worker.id)
-
-    def budget_ended(self) -> None:
-        expired = self.migrations.expire_all()
-        if expired:
-            self.metrics.migrations.labels("expired").inc(expired)
-            self.bump()
-
-    def lost_requests(self, drain: DrainRecord) -> int:
-        self.budget_ended()  # what no router acknowledged by now, none will
-        return max(0, self.migrations.expired - (drain.expired_before or 0))
 
     def _finished(self, drain: DrainRecord) -> None:
         self.migrations.forget_early()
