@@ -20,17 +20,17 @@ stops the worker one way:
   (no in-flight probe; the default order, the root's SIGTERM bounded by the tier timeout),
   drained by the plain hook (``GET /drain``, it waits for the drain's end);
 - ``dynamo profile (the overlay)``: the coordinator with the overlay's rendered settings
-  (``--engine dynamo``, its metrics URL moved to the worker's system port), drained by the
-  rendered preStop command (``--main-by-kubelet``), then the kubelet's SIGTERM to the worker
-  once the hook returned.
+  (``--engine dynamo``: no engine metrics URL, so no in-flight probe; the worker's root alone
+  in a 60 s tier), drained by the rendered preStop command (``--main-by-kubelet``), then the
+  kubelet's SIGTERM to the worker once the hook returned.
 
 Both coordinators run with the overlay's rendered ConfigMap (grace period, safety margin,
-min-drain: the same budget), ``generic`` with only the engine changed and an adopt pattern
-added, so that the two rows differ by the profile alone; both are confined to the worker's
-PID (``SHUTDOWN_COORDINATOR_CONFINE_TO_PID``), which stands in for the pod's PID namespace:
-on this machine the coordinator would otherwise also see the second worker below. In every
-row the kubelet's deadline is the rendered grace period from the stop: a worker still
-running then is SIGKILLed (counted, as the kubelet's).
+min-drain: the same budget; neither has an engine metrics URL), ``generic`` with only the
+engine changed and an adopt pattern added, so that the two rows differ by the profile alone;
+both are confined to the worker's PID (``SHUTDOWN_COORDINATOR_CONFINE_TO_PID``), which stands
+in for the pod's PID namespace: on this machine the coordinator would otherwise also see the
+second worker below. In every row the kubelet's deadline is the rendered grace period from the
+stop: a worker still running then is SIGKILLed (counted, as the kubelet's).
 
 A second, plain worker (the same command, no coordinator) is started once the streams are in
 flight on the first, and the frontend has routed a request to it before the stop. Chosen so
@@ -42,7 +42,7 @@ stopped (the frontend routes round-robin).
 
 ``--tokens 1500`` (three streams take about 37 s here at the test's pace) keeps the streams
 running past the generic drain's SIGTERM and its tier timeout (min-drain 5 s + 10 s) and
-ends them within the overlay's 45 s migration share.
+ends them within the dynamo profile's 60 s root tier.
 
 Each row is read from ground truth: the worker's wait status; the coordinator's outcome and
 each process's fate (``GET /drain``); the streams as the client received them (whole:
@@ -51,17 +51,18 @@ each process's fate (``GET /drain``); the streams as the client received them (w
 (``migration retry scheduled``, with the worker it left and the tokens done by then; the
 chunks' ``nvext.worker_id`` keeps naming the first worker after a migration, so it is shown
 but not used); the worker's own log lines about its shutdown; the seconds from the stop (the
-signal, or the hook's start) to the worker's exit. And where new traffic goes meanwhile:
-from 2 s after the stop, four short requests are sent through the frontend, each answer
-naming the worker that served it.
+signal, or the hook's start) to the worker's exit. And where new traffic goes meanwhile,
+each short request through the frontend answered with the worker that served it: four from
+2 s after the stop, and two more once the worker has logged its shutdown signal (its SIGTERM,
+whoever sent it), while it still waits for the streams.
 
 Steps:
     1. render the overlay, write the tiny model;
     2. per row: start the frontend and the worker, the coordinator (rows 2-3); open the
        streams; start the second worker and wait until the frontend routes to it; stop the
-       first the row's way (four short requests from 2 s later); wait for its exit, for the
-       streams' end and for the drain's summary; anything of its tree still there 30 s after
-       it is SIGKILLed and counted;
+       first the row's way (four short requests from 2 s later, two once it logged its
+       SIGTERM); wait for its exit, for the streams' end and for the drain's summary;
+       anything of its tree still there 30 s after it is SIGKILLed and counted;
     3. print one table and each row's details.
 """
 
@@ -88,20 +89,24 @@ import psutil
 from tests.deploy.rendering import DRAIN_HOOK, Rendered
 from tests.engines.stack import (
     DYNAMO_START_S,
-    LOOPBACK_ENV,
     ROOT,
-    engine_python,
-    free_port,
     http_ok,
     pattern_for,
     spawn_logged,
     tree,
     wait_http,
 )
-from tests.engines.test_overlays import MOVED, hook_command, rendered
-from tests.engines.test_overlays_dynamo import GRACEFUL, plain, worker_command, worker_env
+from tests.engines.test_overlays import hook_command, rendered
+from tests.engines.test_overlays_dynamo import (
+    GRACEFUL,
+    plain,
+    served_by,
+    start_coordinator_with,
+    start_frontend,
+    worker_command,
+    worker_env,
+)
 from tests.engines.tiny_model import prompt, write_tiny_model
-from tests.service.servers import Running
 from tests.support.processes import ProcessJanitor, wait_for
 
 FIRST_CHUNKS = 5
@@ -113,6 +118,9 @@ NEW_AT_S = 2.0
 NEW_REQUESTS = 4
 """Short requests sent through the frontend from ``NEW_AT_S`` after the stop: where new
 traffic goes while the worker is being stopped."""
+AFTER_SIGTERM_REQUESTS = 2
+"""Short requests sent once the worker logged its shutdown signal: where new traffic goes once
+it has its SIGTERM."""
 WORKER_LINES = ("Received shutdown signal", "DistributedRuntime shutdown complete",
                 "Runtime shutdown initiated", "Phase ", "Active graceful endpoints", WAITING,
                 "inflight", "timed out", "force-exiting", "Traceback", "Error", "error",
@@ -210,6 +218,8 @@ class Row:
     timeouts: int = 0
     errors: int = 0
     new_routed: list[str] = field(default_factory=list)
+    after_sigterm: list[str] = field(default_factory=list)
+    in_flight_at_hook: int | None = None
     log_lines: list[str] = field(default_factory=list)
     migration_lines: list[str] = field(default_factory=list)
     retries: int = 0
@@ -232,43 +242,6 @@ def short(line: str, width: int = 110) -> str:
     return text[:width]
 
 
-def start_coordinator(janitor: ProcessJanitor, tmp: Path, settings: dict[str, str]) -> Running:
-    """``serve`` with ``settings`` as its environment (the overlay's ConfigMap, addresses and
-    paths moved as ``tests/engines/test_overlays.py`` moves them)."""
-    token = "bench-token"
-    (tmp / "token").write_text(token + "\n")
-    env = {**settings, **MOVED,
-           "SHUTDOWN_COORDINATOR_TOKEN_FILE": str(tmp / "token"),
-           "SHUTDOWN_COORDINATOR_STATE_FILE": str(tmp / "state.json"),
-           "SHUTDOWN_COORDINATOR_DOORBELL": str(tmp / "doorbell"),
-           "SHUTDOWN_COORDINATOR_PORT_FILE": str(tmp / "port.json")}
-    log = tmp / "coordinator.log"
-    with log.open("ab") as handle:
-        proc = janitor.spawn([sys.executable, "-m", "coordinator", "serve"], cwd=ROOT,
-                             env={k: v for k, v in env.items() if k.startswith("SHUTDOWN")},
-                             stdout=handle, stderr=handle, service=True)
-    url = wait_for(lambda: (tmp / "port.json").exists()
-                   and json.loads((tmp / "port.json").read_text())["url"],
-                   what="the coordinator listening")
-    wait_for(lambda: httpx.get(url + "/healthz", timeout=5).status_code == 200,
-             what="the coordinator healthy")
-    return Running(proc=proc, url=url, token=token, log=log)
-
-
-def served_by(url: str) -> int | None:
-    """The worker a short completion through the frontend was routed to."""
-    try:
-        answer = httpx.post(url + "/v1/completions", timeout=30, json={
-            "model": "tiny", "prompt": prompt(3), "max_tokens": 2,
-            "nvext": {"extra_fields": ["worker_id"]}})
-    except httpx.HTTPError:
-        return None
-    if answer.status_code != 200:
-        return None
-    worker = ((answer.json().get("nvext") or {}).get("worker_id") or {}).get("decode_worker_id")
-    return int(worker) if worker is not None else None
-
-
 ROWS = (
     ("kubelet, no sidecar", "kubelet"),
     ("generic profile", "generic"),
@@ -280,21 +253,13 @@ def run_row(name: str, mode: str, pod: Rendered, janitor: ProcessJanitor, tmp: P
             model: Path, streams: int, tokens: int) -> Row:
     row = Row(name)
     tmp.mkdir(parents=True)
-    python = str(engine_python("dynamo"))
     grace = float(pod.settings["SHUTDOWN_COORDINATOR_GRACE_PERIOD_S"])
 
     # The frontend and the worker being stopped (A).
     env_a, port_a = worker_env(pod, tmp)
     metrics_a = f"http://127.0.0.1:{port_a}/metrics"
-    url = f"http://127.0.0.1:{free_port()}"
     frontend_log = tmp / "frontend.log"
-    frontend = spawn_logged(
-        janitor,
-        [python, "-m", "dynamo.frontend", "--discovery-backend", "file", "--migration-limit",
-         "3", "--http-host", "127.0.0.1", "--http-port", url.rsplit(":", 1)[1]],
-        frontend_log, env={**LOOPBACK_ENV, "DYN_FILE_KV": env_a["DYN_FILE_KV"],
-                           "DYN_LOG": "info", "HOME": env_a["HOME"]})
-    janitor.service(frontend)
+    _, url = start_frontend(janitor, env_a, frontend_log)
     log_a = tmp / "worker-a.log"
     worker = spawn_logged(janitor, worker_command(pod, model), log_a, env=env_a)
     wait_http(metrics_a, worker, log_a, timeout=DYNAMO_START_S, what="worker A's system port")
@@ -308,11 +273,8 @@ def run_row(name: str, mode: str, pod: Rendered, janitor: ProcessJanitor, tmp: P
         settings = {**pod.settings, "SHUTDOWN_COORDINATOR_CONFINE_TO_PID": str(worker.pid)}
         if mode == "generic":
             settings["SHUTDOWN_COORDINATOR_ENGINE"] = "generic"
-            settings.pop("SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL")
             settings["SHUTDOWN_COORDINATOR_ADOPT_PATTERNS"] = json.dumps([pattern_for(model)])
-        else:
-            settings["SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL"] = metrics_a
-        coordinator = start_coordinator(janitor, tmp, settings)
+        coordinator = start_coordinator_with(janitor, tmp, settings)
         wait_for(lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
                  timeout=60, what="the coordinator lists worker A")
 
@@ -353,13 +315,24 @@ def run_row(name: str, mode: str, pod: Rendered, janitor: ProcessJanitor, tmp: P
     watcher.start()
     stop = time.time()
     new: list[int | None] = []
+    after: list[int | None] = []
 
     def send_new() -> None:
         time.sleep(NEW_AT_S)
         for _ in range(NEW_REQUESTS):
             new.append(served_by(url))
-    sender = threading.Thread(target=send_new, daemon=True)
-    sender.start()
+
+    def send_after_sigterm() -> None:
+        while GRACEFUL not in plain(log_a):
+            if time.time() > stop + grace:
+                return
+            time.sleep(0.05)
+        for _ in range(AFTER_SIGTERM_REQUESTS):
+            after.append(served_by(url))
+    senders = [threading.Thread(target=send_new, daemon=True),
+               threading.Thread(target=send_after_sigterm, daemon=True)]
+    for sender in senders:
+        sender.start()
     summary: dict[str, Any] | None = None
     if coordinator is None:
         worker.send_signal(signal.SIGTERM)
@@ -375,6 +348,7 @@ def run_row(name: str, mode: str, pod: Rendered, janitor: ProcessJanitor, tmp: P
                                   check=False)
             row.hook = (f"exit {hook.returncode} after {time.time() - stop:.1f} s: "
                         f"{hook.stdout.strip()[:300]}")
+            row.in_flight_at_hook = sum(o.ended_at is None for o in outs)
         except subprocess.TimeoutExpired:
             row.hook = f"still running at the grace period ({grace:.0f} s), ended"
         if worker.poll() is None and time.time() < stop + grace:
@@ -394,9 +368,11 @@ def run_row(name: str, mode: str, pod: Rendered, janitor: ProcessJanitor, tmp: P
         with coordinator.client(timeout=120) as client:
             summary = client.get("/drain").json()
 
-    for thread in [*threads, sender]:
+    for thread in [*threads, *senders]:
         thread.join(timeout=120)
     row.new_routed = [row.workers.get(w, str(w)) if w is not None else "failed" for w in new]
+    row.after_sigterm = [row.workers.get(w, str(w)) if w is not None else "failed"
+                         for w in after]
     # Whatever of A's tree outlives it gets a while to go, then is SIGKILLed and counted.
     procs = []
     for pid in before:
@@ -466,25 +442,30 @@ def main() -> int:
           f"tokens in flight at the stop, a second worker to migrate to\n")
     print(f"{'how the pod stopped':29} {'worker':>7} {'outcome':>8} {'whole':>5} {'cut':>3} "
           f"{'migrated':>8} {'signals':>7} {'waited':>6} {'timeouts':>8} {'errors':>6} "
-          f"{'SIGKILLed':>9} {'seconds':>7} {'new->A':>6}")
+          f"{'SIGKILLed':>9} {'seconds':>7} {'new->A':>6} {'after->A':>8}")
     for row in rows:
         whole = sum(s.whole for s in row.streams)
         migrated = sum(bool(s.migrations) for s in row.streams)
         to_a = f"{row.new_routed.count('A')}/{len(row.new_routed)}"
+        after_a = f"{row.after_sigterm.count('A')}/{len(row.after_sigterm)}"
         print(f"{row.name:29} {row.worker_status:>7} {row.outcome:>8} {whole:>5} "
               f"{len(row.streams) - whole:>3} {migrated:>8} {row.shutdown_signals:>7} "
               f"{row.waited_inflight:>6} {row.timeouts:>8} {row.errors:>6} "
-              f"{len(row.sigkilled):>9} {row.seconds:>7.1f} {to_a:>6}")
+              f"{len(row.sigkilled):>9} {row.seconds:>7.1f} {to_a:>6} {after_a:>8}")
     print("\nworker: its wait status; signals: its 'Received shutdown signal' lines; waited: "
           "its 'Waiting for inflight requests' lines; timeouts: its timeout, force-exit and "
           "Traceback lines; errors: its ERROR lines; seconds: from the stop (the signal, or "
           "the hook's start) to its exit; migrated: streams the frontend re-issued to another "
           "worker (its log's 'migration retry scheduled'); new->A: of the short requests sent "
-          f"from {NEW_AT_S:g} s after the stop, those the frontend routed to the stopped worker")
+          f"from {NEW_AT_S:g} s after the stop, those the frontend routed to the stopped "
+          f"worker; after->A: the same of {AFTER_SIGTERM_REQUESTS} sent once it logged its "
+          "shutdown signal")
     for row in rows:
         print(f"\n{row.name}:")
         if row.hook:
             print("  hook: " + row.hook)
+        if row.in_flight_at_hook is not None:
+            print(f"  streams in flight when the hook returned: {row.in_flight_at_hook}")
         if row.kubelet_sigterm:
             print("  kubelet's SIGTERM after the hook: " + row.kubelet_sigterm)
         for fate in row.fates:
@@ -494,6 +475,8 @@ def main() -> int:
         if row.sigkilled:
             print("  SIGKILLed by the bench: " + ", ".join(row.sigkilled))
         print(f"  new requests from +{NEW_AT_S:g} s routed to: " + ", ".join(row.new_routed))
+        print("  new requests once it logged its shutdown signal routed to: "
+              + ", ".join(row.after_sigterm))
         for i, s in enumerate(row.streams):
             named = ", ".join(f"{row.workers.get(w, w)}: {n}" for w, n in s.by_worker.items())
             routed = " -> ".join(str(row.workers.get(w, w)) for w in s.routed)

@@ -128,24 +128,34 @@ PROFILES: dict[str, EngineProfile] = {
              "no bound, the coordinator's budget is the bound"),
     # ai-dynamo 1.6.1: dynamo.vllm / dynamo.sglang run the engine in the root process
     # (vllm/main.py:169-276, sglang/init_llm.py:88); SIGTERM unregisters from discovery,
-    # waits DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS (5 s), then stops
-    # (common/utils/graceful_shutdown.py:68-169); a second signal is ignored (:196-200).
-    # Killing a child first breaks that (dynamo#5775). Engine gauges re-exported on
-    # DYN_SYSTEM_PORT (vllm/main.py:308, sglang/publisher.py:521-526).
+    # waits DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS (5 s), then runtime.shutdown(), which
+    # waits for the endpoints' in-flight requests (common/utils/graceful_shutdown.py:68-169);
+    # a second signal is ignored (:196-200). Killing a child first breaks that (dynamo#5775).
     # dynamo.mocker, the same worker runtime around a simulated engine, one process: its
     # SIGTERM/SIGINT handler calls runtime.shutdown() at once (mocker/main.py:34-42,
     # 269-273: no discovery grace period), which withdraws it from discovery, waits for
     # in-flight requests ("Waiting for inflight requests to complete") and exits 0; a second
-    # signal only repeats that. Once it has served a request it exports vllm:num_requests_*
-    # on DYN_SYSTEM_PORT (measured, docs/engines.md).
+    # signal only repeats that.
+    # No in-flight probe: Dynamo drains on SIGTERM itself, and leaves discovery only then.
+    # Measured (bench/engine_profiles_dynamo.py, three 1500-token streams, docs/engines.md):
+    # with a probe on the engine gauges the worker re-exports on DYN_SYSTEM_PORT, the drain
+    # held `migrating` until the streams ended (35.2 s), the worker still in discovery and
+    # sent 2 of 4 new requests all that time; under steady load the gauges need never reach 0
+    # and the drain would wait out its migration share. The kubelet's SIGTERM alone: out of
+    # discovery at once, the streams whole, exit 0 after 34.6 s. So the root gets its SIGTERM
+    # once the min-drain is over (then: 2 of 4 new requests reached it during the 5 s
+    # min-drain, none after its SIGTERM, the streams whole, exit 0 after 34.8 s), and its
+    # tier keeps the time for Dynamo's own wait: 60 s, inside the dynamo-worker overlay's
+    # budget (T 90 s - margin 15 s = 75 s; after the 5 s min-drain the kill's deadline leaves
+    # the root 68 s less what the tiers after it keep, 58 s beside one tier of children; a
+    # SIGKILL comes before the kubelet's).
     "dynamo": EngineProfile(
         name="dynamo",
         adopt_patterns=(_PYTHON + r"-m\s+dynamo\.(vllm|sglang|trtllm|mocker)(\s|$)",),
-        tiers=root_first("dynamo", 30.0),
-        inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting",
-                          "sglang:num_running_reqs", "sglang:num_queue_reqs"),
-        note="set --engine-metrics-url to the worker's DYN_SYSTEM_PORT /metrics to wait for "
-             "its in-flight requests"),
+        tiers=root_first("dynamo", 60.0),
+        note="no in-flight probe: the worker's root gets its SIGTERM once the min-drain is "
+             "over and waits for its own in-flight requests; keep "
+             "DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS and its streams within the 60 s tier"),
     # TensorRT-LLM (trtllm-serve, commands/serve.py, serve/openai_server.py; index copies,
     # not a release): uvicorn serves, the executor's MPI workers (python -m
     # mpi4py.futures.server) are joined by llm.shutdown() in the lifespan. Its /metrics is
