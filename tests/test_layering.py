@@ -3,13 +3,14 @@
     coordinator      may import worker_client and router_client, never devstack
     worker_client    standard library, httpx and tenacity; never coordinator or devstack
     router_client    standard library and httpx; never coordinator or devstack
+    shutdown_wire    the protocol's strings, for both clients; never coordinator or devstack
     devstack         the demo stack (simulated engine, local pods, load, reference router,
                      demo): may import all three, and is imported by none of them
 
 ruff's banned-api rule says the same at lint time (pyproject.toml, coordinator/ruff.toml);
 this test also sees imports inside functions and modules named in ``import_module`` calls and
-``python -m`` argv, and it imports every module of both clients with the service's
-dependencies made unimportable.
+``python -m`` argv, and it imports every module of both clients (and of the wire module they
+share) with the service's dependencies made unimportable.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("coordinator", "worker_client", "router_client")
-CLIENTS = ("worker_client", "router_client")
+PRODUCT = ("coordinator", "worker_client", "router_client", "shutdown_wire")
+CLIENTS = ("worker_client", "router_client", "shutdown_wire")
+"""What engines and routers import: the two clients and the wire module they share."""
 DEMO_STACK = "devstack"
 SERVICE_ONLY = ("coordinator", "devstack", "fastapi", "starlette", "uvicorn", "psutil",
                 "pydantic")
@@ -86,13 +88,13 @@ def _violations(packages: tuple[str, ...], banned: tuple[str, ...]) -> list[str]
 
 
 def test_the_product_never_imports_the_demo_stack() -> None:
-    """1. Parse every module of coordinator, worker_client and router_client.
+    """1. Parse every module of coordinator, worker_client, router_client and shutdown_wire.
     2. None imports devstack, in any form, at any depth."""
     assert not _violations(PRODUCT, (DEMO_STACK,))
 
 
 def test_the_clients_import_nothing_of_the_service() -> None:
-    """1. Parse every module of worker_client and router_client.
+    """1. Parse every module of worker_client, router_client and shutdown_wire.
     2. None imports coordinator, devstack, FastAPI, Starlette, uvicorn, psutil or pydantic,
        not even inside a function."""
     assert not _violations(CLIENTS, SERVICE_ONLY)
