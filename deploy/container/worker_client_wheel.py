@@ -1,4 +1,5 @@
-"""Build the engine side's wheel: ``worker_client`` alone, pure Python.
+"""Build the engine side's wheel: ``worker_client`` and the wire strings it shares with the
+coordinator (``shutdown_wire``, standard library only), pure Python.
 
 An engine image needs ``worker_client`` and its two requirements in the engine's own Python,
 not the coordinator's service dependencies (FastAPI, uvicorn, pydantic: each engine pins its
@@ -30,7 +31,8 @@ from pathlib import Path
 
 DIST = "shutdown-coordinator-worker-client"
 """The distribution's name (``pip show`` and ``pip uninstall`` know it by this name)."""
-PACKAGE = "worker_client"
+PACKAGES = ("worker_client", "shutdown_wire")
+"""What the wheel holds: the client and what it imports of the project."""
 REQUIRES = ("httpx", "tenacity")
 """The third-party packages ``worker_client`` imports (tests/deploy checks its imports); their
 version bounds are the project's, read from ``pyproject.toml``."""
@@ -83,13 +85,13 @@ def build(repo: Path, out: Path) -> Path:
     stem = f"{DIST.replace('-', '_')}-{meta.version}"
     dist_info = f"{stem}.dist-info"
     files: list[tuple[str, bytes]] = []
-    source = repo / PACKAGE
-    for path in sorted(source.rglob("*")):
-        if path.is_dir() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
-            continue
-        files.append((path.relative_to(repo).as_posix(), path.read_bytes()))
-    if not any(name == f"{PACKAGE}/__init__.py" for name, _ in files):
-        raise SystemExit(f"no {PACKAGE}/__init__.py under {repo}")
+    for package in PACKAGES:
+        for path in sorted((repo / package).rglob("*")):
+            if path.is_dir() or "__pycache__" in path.parts or path.suffix in (".pyc", ".pyo"):
+                continue
+            files.append((path.relative_to(repo).as_posix(), path.read_bytes()))
+        if not any(name == f"{package}/__init__.py" for name, _ in files):
+            raise SystemExit(f"no {package}/__init__.py under {repo}")
     lines = [
         "Metadata-Version: 2.1",
         f"Name: {DIST}",
@@ -106,7 +108,7 @@ def build(repo: Path, out: Path) -> Path:
     wheel = ("Wheel-Version: 1.0\nGenerator: worker_client_wheel.py\nRoot-Is-Purelib: true\n"
              "Tag: py3-none-any\n")
     files.append((f"{dist_info}/WHEEL", wheel.encode()))
-    files.append((f"{dist_info}/top_level.txt", f"{PACKAGE}\n".encode()))
+    files.append((f"{dist_info}/top_level.txt", "".join(f"{p}\n" for p in PACKAGES).encode()))
     record = [_record_line(name, data) for name, data in files] + [f"{dist_info}/RECORD,,"]
     files.append((f"{dist_info}/RECORD", ("\n".join(record) + "\n").encode()))
 

@@ -116,6 +116,30 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
                 assert _included(source, ignore), f"{source} is ignored"
 
 
+def test_the_sidecars_build_stage_copies_every_package_the_distribution_ships() -> None:
+    """The stage that builds the sidecar's wheels copies each package ``pyproject.toml``'s
+    ``packages.find`` includes (a package left out builds a wheel without it: the
+    coordinator would fail to import at start), and the engine's wheel stage copies what
+    its builder packs."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    shipped = {p.rstrip("*") for p in project["tool"]["setuptools"]["packages"]["find"]
+               ["include"]}
+    stages = {s.name: s for s in dockerfile.parse(DOCKERFILE)}
+
+    def copied(stage: dockerfile.Stage) -> set[str]:
+        return {w.rstrip("/") for c in stage.all("COPY") for w in c.words()[:-1]
+                if not w.startswith("--")}
+
+    builder = next(s for s in stages.values() if "pyproject.toml" in copied(s)
+                   and "coordinator" in copied(s))
+    assert shipped <= copied(builder), shipped - copied(builder)
+    tree = ast.parse((CONTAINER / "worker_client_wheel.py").read_text())
+    packed = next(ast.literal_eval(node.value) for node in tree.body
+                  if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == "PACKAGES" for t in node.targets))
+    assert set(packed) <= copied(stages["worker-wheel"])
+
+
 def _included(path: str, patterns: list[str]) -> bool:
     included = True
     for pattern in patterns:
@@ -306,15 +330,17 @@ def _wheel_requires() -> set[str]:
 
 
 def test_worker_client_imports_only_what_its_wheel_requires() -> None:
-    """The third-party modules worker_client imports are the requirements its wheel names."""
+    """The third-party modules worker_client (and the wire module it ships with) import are
+    the requirements its wheel names."""
     imported: set[str] = set()
-    for path in (REPO / "worker_client").rglob("*.py"):
+    for path in [*(REPO / "worker_client").rglob("*.py"), *(REPO / "shutdown_wire").rglob("*.py")]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 imported.add(node.module.split(".")[0])
-    third_party = imported - set(sys.stdlib_module_names) - {"worker_client", "__future__"}
+    third_party = imported - set(sys.stdlib_module_names) - {
+        "worker_client", "shutdown_wire", "__future__"}
     assert third_party == _wheel_requires()
 
 
@@ -330,7 +356,7 @@ def test_the_worker_client_wheel_is_reproducible_and_says_what_pyproject_says(
     tmp_path: Path
 ) -> None:
     """1. Built twice, the wheel is the same bytes.
-    2. It holds worker_client whole and nothing else of the project.
+    2. It holds worker_client and shutdown_wire whole and nothing else of the project.
     3. Its name, version, Python requirement and requirements are pyproject.toml's (the
     latter also in requirements.txt, for the installer)."""
     first, second = _build_wheel(tmp_path / "a"), _build_wheel(tmp_path / "b")
@@ -342,7 +368,9 @@ def test_the_worker_client_wheel_is_reproducible_and_says_what_pyproject_says(
         names = wheel.namelist()
         meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
         lines = wheel.read(meta).decode().splitlines()
-    sources = {p.relative_to(REPO).as_posix() for p in (REPO / "worker_client").rglob("*")
+    sources = {p.relative_to(REPO).as_posix()
+               for package in ("worker_client", "shutdown_wire")
+               for p in (REPO / package).rglob("*")
                if p.is_file() and "__pycache__" not in p.parts}
     assert {n for n in names if not n.split("/")[0].endswith(".dist-info")} == sources
     wanted = [d for d in project["dependencies"]
