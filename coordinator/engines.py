@@ -39,7 +39,7 @@ from coordinator.kill.policy import TierSpec
 EngineName = Literal["generic", "vllm", "sglang", "dynamo", "trtllm", "tgi"]
 
 ADOPTED_ROLE = "adopted"
-"""The role an adopted root has in the kill (``Coordinator.kill_targets``)."""
+"""The role an adopted root has in the kill (``WorkerFleet.kill_targets``)."""
 
 _PYTHON = r"^(\S*/)?python[0-9.]*\s+(-\S+\s+)*"
 """argv[0] a Python interpreter, then its own options (``-u``, ``-X dev`` …)."""
