@@ -323,14 +323,9 @@ class ProcessTable(TreeDiscovery):
                         kill_at: float | None = None) -> None:
         """Send the tier's graceful signal once and record it, with the time (epoch s) its
         SIGKILL is due if it still runs then."""
-        if t.signalled:
-            return
-        t.outcome.tier = tier
-        t.outcome.signal = signal.Signals(sig).name
-        t.outcome.signalled_at = time.time()
-        t.outcome.kill_at = kill_at
-        self.send(t, sig)
-        self.publish(t.outcome)
+        if self._record_signal(t, sig, tier, kill_at):
+            self.send(t, sig)
+            self.publish(t.outcome)
 
     def reschedule_kill(self, t: Tracked, kill_at: float) -> None:
         """A process signalled by a previous run: its SIGKILL is now due at ``kill_at``."""
@@ -342,14 +337,20 @@ class ProcessTable(TreeDiscovery):
     def leave_signal(self, t: Tracked, sig: int, tier: str, detail: str,
                      kill_at: float | None = None) -> None:
         """Record the tier's graceful signal as sent by someone else, now (its clock starts)."""
+        if self._record_signal(t, sig, tier, kill_at):
+            t.outcome.detail = detail
+            self.publish(t.outcome)
+
+    @staticmethod
+    def _record_signal(t: Tracked, sig: int, tier: str, kill_at: float | None) -> bool:
+        """Record the tier's graceful signal, now; False when one was recorded already."""
         if t.signalled:
-            return
+            return False
         t.outcome.tier = tier
         t.outcome.signal = signal.Signals(sig).name
         t.outcome.signalled_at = time.time()
         t.outcome.kill_at = kill_at
-        t.outcome.detail = detail
-        self.publish(t.outcome)
+        return True
 
     def sigkill(self, t: Tracked, tier: str, why: str) -> None:
         """SIGKILL a process that outlived its time (or force mode)."""

@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
-import httpx
-import psutil
 import pytest
 
 from coordinator.engines import PROFILES
 from devstack.sim import EngineHandle, EngineKnobs, expected_tokens, start_engine
 from tests.deploy.engine_shapes import RELEASE, install, moved, spawner
+from tests.deploy.held_stream import Stream, alive
 from tests.deploy.rendering import SHIPPED, Rendered, kubectl, render, stage
 from tests.service.servers import ROOT, Running
 from tests.support.processes import ProcessJanitor, wait_for
@@ -202,54 +201,6 @@ class Kubelet:
         return int(code)
 
 
-class Stream:
-    """A streaming completion held open by the test (the engine holds it after HOLD_AT
-    tokens until released)."""
-
-    def __init__(self, url: str) -> None:
-        self._client = httpx.Client(timeout=90)
-        self._context = self._client.stream("POST", url + "/v1/completions", json={
-            "prompt": PROMPT, "max_tokens": STREAM_TOKENS, "stream": True})
-        self._response = self._context.__enter__()
-        self._lines = self._response.iter_lines()
-        self.chunks: list[dict[str, Any]] = []
-        self.done = False
-        self._read_chunk()
-
-    def _read_chunk(self) -> bool:
-        for line in self._lines:
-            if line == "data: [DONE]":
-                self.done = True
-                return False
-            if line.startswith("data: {"):
-                self.chunks.append(json.loads(line[6:]))
-                return True
-        return False
-
-    def read_to_end(self) -> None:
-        try:
-            while self._read_chunk():
-                pass
-        finally:
-            self._context.__exit__(None, None, None)
-            self._client.close()
-
-    @property
-    def text(self) -> str:
-        return "".join(c["choices"][0]["text"] for c in self.chunks)
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 @pytest.mark.parametrize("overlay", ["sglang", "trtllm"])
 def test_the_overlay_drains_its_engine_shape_whole(janitor: ProcessJanitor, tmp_path: Path,
                                                     overlay: str) -> None:
@@ -268,7 +219,7 @@ def test_the_overlay_drains_its_engine_shape_whole(janitor: ProcessJanitor, tmp_
     profile = PROFILES[overlay]
     assert pod.rendered.settings["SHUTDOWN_COORDINATOR_ENGINE"] == overlay
     root = pod.engine.pid
-    stream = Stream(pod.engine.url)
+    stream = Stream(pod.engine.url, PROMPT, STREAM_TOKENS)
     kubelet = Kubelet(janitor, pod)
 
     if profile.inflight_metrics:

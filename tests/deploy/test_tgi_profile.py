@@ -12,7 +12,6 @@ parent) and its children's (the launcher is theirs, and records them), ``/proc``
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import threading
@@ -23,11 +22,11 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-import psutil
 import pytest
 
 from coordinator.engines import PROFILES
 from devstack.sim import expected_tokens
+from tests.deploy.held_stream import Stream, alive
 from tests.deploy.tgi_shape import RELEASE, TgiEngine, start
 from tests.service.servers import Running, start_coordinator
 from tests.support.processes import ProcessJanitor
@@ -103,53 +102,6 @@ class Drain:
         return body
 
 
-class Stream:
-    """A streaming completion held open by the test (the router holds it after HOLD_AT
-    tokens until released)."""
-
-    def __init__(self, url: str) -> None:
-        self._client = httpx.Client(timeout=90)
-        self._context = self._client.stream("POST", url + "/v1/completions", json={
-            "prompt": PROMPT, "max_tokens": STREAM_TOKENS, "stream": True})
-        self._lines = self._context.__enter__().iter_lines()
-        self.chunks: list[dict[str, Any]] = []
-        self.done = False
-        self._read_chunk()
-
-    def _read_chunk(self) -> bool:
-        for line in self._lines:
-            if line == "data: [DONE]":
-                self.done = True
-                return False
-            if line.startswith("data: {"):
-                self.chunks.append(json.loads(line[6:]))
-                return True
-        return False
-
-    def read_to_end(self) -> None:
-        try:
-            while self._read_chunk():
-                pass
-        finally:
-            self._context.__exit__(None, None, None)
-            self._client.close()
-
-    @property
-    def text(self) -> str:
-        return "".join(c["choices"][0]["text"] for c in self.chunks)
-
-
-def alive(pids: list[int]) -> list[int]:
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 def test_the_tgi_profile_lets_the_launcher_stop_its_router_then_its_shards(
         janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. Start the launcher (router and two shards) and the coordinator with ``--engine
@@ -165,7 +117,7 @@ def test_the_tgi_profile_lets_the_launcher_stop_its_router_then_its_shards(
     launcher = engine.pid
     [router] = engine.pids("router")
     shards = engine.pids("shard")
-    stream = Stream(engine.url)
+    stream = Stream(engine.url, PROMPT, STREAM_TOKENS)
     drain = Drain(coordinator)
 
     watch(coordinator, lambda s: s["phase"] == "migrating"
