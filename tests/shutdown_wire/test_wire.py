@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -206,8 +207,11 @@ def test_the_wire_module_needs_only_the_standard_library() -> None:
     2. Every module it loaded is the standard library's, or its own."""
     code = ("import json, sys\nbefore = set(sys.modules)\nimport shutdown_wire\n"
             "print(json.dumps(sorted(set(sys.modules) - before)))")
+    # Without the test run's coverage hook (scripts/test.sh), which would load coverage into
+    # the interpreter at the first import of a measured package.
+    env = {k: v for k, v in os.environ.items() if k != "COORDINATOR_TEST_COVERAGE"}
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
-                         text=True, timeout=60)
+                         text=True, timeout=60, env=env)
     loaded = {name.split(".")[0] for name in json.loads(out.stdout)}
     assert "shutdown_wire" in loaded
     assert loaded - sys.stdlib_module_names - {"shutdown_wire"} == set()
