@@ -25,8 +25,9 @@ import time
 from collections.abc import Iterable, Sequence
 
 from coordinator.kill import pidfd, safety, tiers
+from coordinator.kill.listed import listed_not_found, still_running
 from coordinator.kill.policy import KillPolicy, Target
-from coordinator.kill.report import KillReport
+from coordinator.kill.report import KillReport, ProcessOutcome
 from coordinator.kill.table import HandRoots, OnUpdate, PriorOutcomes, ProcessTable, Tracked
 from coordinator.kill.watch import ExitWatcher
 
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 MIN_CONFIRM_S = 0.05
 """A SIGKILLed process still needs a moment to die; even past the deadline we give it this
 much before calling it ``survived``."""
+
+LISTED_POLL_S = 0.05
+"""How often a listed process that outlived its root is looked at again."""
 
 MAX_SWEEPS_PAST_DEADLINE = 3
 """Past the deadline, new forks are SIGKILLed for at most this many more sweeps, so a fork
@@ -180,11 +184,25 @@ class KillRun:
         finally:
             # Step 8: settle and report.
             self.watcher.close()
-            self.table.finish(self.table.prior_not_found())
+            prior_only = self.table.prior_not_found()
+            listed = await self._listed_not_found(prior_only)
+            self.table.finish([*prior_only, *listed])
             self.report.processes = self.table.outcomes
             self.report.notes += self.table.notes
             self.report.ended_at = time.time()
         return self.report
+
+    async def _listed_not_found(self, prior_only: list[ProcessOutcome]
+                                ) -> list[ProcessOutcome]:
+        """What a scan listed under the roots and the kill never found; one still running
+        (a child its dead root's PR_SET_PDEATHSIG is ending) gets the SIGKILL confirmation
+        time to end before it is called ``survived``."""
+        give_up_at = time.monotonic() + max(MIN_CONFIRM_S, self.policy.confirm_s)
+        while True:
+            listed = listed_not_found(self.targets, [*self.table.outcomes, *prior_only])
+            if not still_running(listed) or time.monotonic() >= give_up_at:
+                return listed
+            await asyncio.sleep(LISTED_POLL_S)
 
     async def _run_tiers(self) -> None:
         sweeps_past_deadline = 0

@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 
+from coordinator.kill.report import ProcessOutcome
+
 DEFAULT_TIER_TIMEOUT_S = 10.0
 """Seconds a tier gets between its graceful signal and SIGKILL. SGLang's own default for
 ``SGLANG_CHILD_PROCESS_SHUTDOWN_TIMEOUT``; RDMA teardown may need more (set it per tier)."""
@@ -47,6 +49,9 @@ class Target:
     tiers: tuple[TierSpec, ...] = ()
     include_tree: bool = True
     """Also terminate the root's descendants (re-enumerated until no new PID appears)."""
+    listed: tuple[ProcessOutcome, ...] = ()
+    """Descendants a scan listed under this root before the kill: each one the kill does not
+    find is still reported (``coordinator.kill.listed``), never left out of the report."""
 
 
 @dataclass(frozen=True)

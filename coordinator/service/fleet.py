@@ -10,6 +10,7 @@ port), and the events the workers are sent.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -146,6 +147,11 @@ class WorkerFleet:
                 if drain is not None:
                     ended = worker.ended_before_the_kill()
                     drain.outcomes.setdefault((ended.pid, ended.start_time), ended)
+        # Each live root with what the scan last listed under it: a root that dies before
+        # the kill looks takes those with it, and the kill still reports each one.
+        targets = [dataclasses.replace(t, listed=tuple(
+            o for o in c.scan.scanned.values() if o.root_pid == t.pid and o.depth > 0))
+            for t in targets]
         live = [(t.pid, t.role) for t in targets]
         try:
             remnants = c.scan.kill_remnants(live)
