@@ -26,13 +26,16 @@ def listed_not_found(targets: Iterable[Target],
                      found: Iterable[ProcessOutcome]) -> list[ProcessOutcome]:
     """Each process of a target's ``listed`` whose identity (PID and start time) is not among
     ``found``, settled as the system shows it now."""
-    seen = [(o.pid, o.start_time) for o in found]
+    seen: dict[int, list[float]] = {}
+    for o in found:
+        if o.start_time is not None:
+            seen.setdefault(o.pid, []).append(o.start_time)
     out: list[ProcessOutcome] = []
     for target in targets:
         for listed in target.listed:
             if listed.start_time is None or any(
-                    pid == listed.pid and start is not None
-                    and procfs.same_start(start, listed.start_time) for pid, start in seen):
+                    procfs.same_start(start, listed.start_time)
+                    for start in seen.get(listed.pid, ())):
                 continue
             settled = ProcessOutcome.from_dict(listed.to_dict())
             stat = procfs.read_stat(listed.pid)
@@ -46,5 +49,5 @@ def listed_not_found(targets: Iterable[Target],
                 settled.detail = (f"listed under pid {target.pid} before the kill, gone when "
                                   "the kill looked (it ended with its root)")
             out.append(settled)
-            seen.append((listed.pid, listed.start_time))
+            seen.setdefault(listed.pid, []).append(listed.start_time)
     return out

@@ -18,6 +18,7 @@ import shutdown_wire as wire
 from coordinator.drain.phases import Phase
 from coordinator.drain.record import DrainRecord
 from coordinator.kill.policy import Target
+from coordinator.kill.report import ProcessOutcome
 from coordinator.service import adoption
 from coordinator.service.worker_moves import WorkerMove, apply
 
@@ -149,9 +150,11 @@ class WorkerFleet:
                     drain.outcomes.setdefault((ended.pid, ended.start_time), ended)
         # Each live root with what the scan last listed under it: a root that dies before
         # the kill looks takes those with it, and the kill still reports each one.
-        targets = [dataclasses.replace(t, listed=tuple(
-            o for o in c.scan.scanned.values() if o.root_pid == t.pid and o.depth > 0))
-            for t in targets]
+        under: dict[int, list[ProcessOutcome]] = {}
+        for o in c.scan.scanned.values():
+            if o.depth > 0 and o.root_pid is not None:
+                under.setdefault(o.root_pid, []).append(o)
+        targets = [dataclasses.replace(t, listed=tuple(under.get(t.pid, ()))) for t in targets]
         live = [(t.pid, t.role) for t in targets]
         try:
             remnants = c.scan.kill_remnants(live)
