@@ -96,12 +96,11 @@ from tests.engines.stack import (
     tree,
     wait_http,
 )
-from tests.engines.test_overlays import hook_command, rendered
+from tests.engines.test_overlays import hook_command, rendered, start_coordinator_with
 from tests.engines.test_overlays_dynamo import (
     GRACEFUL,
     plain,
     served_by,
-    start_coordinator_with,
     start_frontend,
     worker_command,
     worker_env,

@@ -1,13 +1,20 @@
 """A streaming completion a test holds open (the engine shape holds it after a few tokens
-until the test releases it), read chunk by chunk, and the processes still running."""
+until the test releases it), read chunk by chunk; a long-poll of ``/status`` until a
+condition holds; and (from the engine tests) which processes still run."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
-import psutil
+
+from tests.engines.stack import alive
+from tests.service.servers import Running
+
+__all__ = ["Stream", "alive", "watch"]
 
 
 class Stream:
@@ -45,13 +52,17 @@ class Stream:
         return "".join(c["choices"][0]["text"] for c in self.chunks)
 
 
-def alive(pids: list[int]) -> list[int]:
-    """Those of ``pids`` still running (a zombie waiting to be reaped has ended)."""
-    out = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                out.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return out
+def watch(coordinator: Running, done: Callable[[dict[str, Any]], bool], what: str,
+          timeout: float = 60.0) -> dict[str, Any]:
+    """Long-poll ``/status`` (each change bumps its generation) until ``done`` holds."""
+    deadline = time.monotonic() + timeout
+    params: dict[str, Any] = {}
+    with coordinator.client(timeout=30) as client:
+        while True:
+            status: dict[str, Any] = client.get("/status", params=params).json()
+            if done(status):
+                return status
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout}s waiting for {what}: "
+                                     f"{status['phase']}")
+            params = {"wait": 5, "since": status["generation"]}

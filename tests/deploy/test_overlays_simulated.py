@@ -20,8 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -32,7 +30,7 @@ import pytest
 from coordinator.engines import PROFILES
 from devstack.sim import EngineHandle, EngineKnobs, expected_tokens, start_engine
 from tests.deploy.engine_shapes import RELEASE, install, moved, spawner
-from tests.deploy.held_stream import Stream, alive
+from tests.deploy.held_stream import Stream, alive, watch
 from tests.deploy.rendering import SHIPPED, Rendered, kubectl, render, stage
 from tests.service.servers import ROOT, Running
 from tests.support.processes import ProcessJanitor, wait_for
@@ -136,22 +134,6 @@ def start_pod(janitor: ProcessJanitor, tmp: Path, overlay: str,
     watch(coordinator, lambda s: set(running.pids) <= {p["pid"] for p in s["processes"]},
           "the coordinator lists the engine's whole tree")
     return running
-
-
-def watch(coordinator: Running, done: Callable[[dict[str, Any]], bool], what: str,
-          timeout: float = 60.0) -> dict[str, Any]:
-    """Long-poll ``/status`` (each change bumps its generation) until ``done`` holds."""
-    deadline = time.monotonic() + timeout
-    params: dict[str, Any] = {}
-    with coordinator.client(timeout=30) as client:
-        while True:
-            status: dict[str, Any] = client.get("/status", params=params).json()
-            if done(status):
-                return status
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}: "
-                                     f"{status['phase']}")
-            params = {"wait": 5, "since": status["generation"]}
 
 
 class Kubelet:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import os
 import re
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -26,7 +24,7 @@ import pytest
 
 from coordinator.engines import PROFILES
 from devstack.sim import expected_tokens
-from tests.deploy.held_stream import Stream, alive
+from tests.deploy.held_stream import Stream, alive, watch
 from tests.deploy.tgi_shape import RELEASE, TgiEngine, start
 from tests.service.servers import Running, start_coordinator
 from tests.support.processes import ProcessJanitor
@@ -64,22 +62,6 @@ def start_pod(janitor: ProcessJanitor, tmp: Path, profile: str,
     watch(coordinator, lambda s: set(engine.pids()) <= {p["pid"] for p in s["processes"]},
           "the coordinator lists the launcher's whole tree")
     return engine, coordinator
-
-
-def watch(coordinator: Running, done: Callable[[dict[str, Any]], bool], what: str,
-          timeout: float = 60.0) -> dict[str, Any]:
-    """Long-poll ``/status`` (each change bumps its generation) until ``done`` holds."""
-    deadline = time.monotonic() + timeout
-    params: dict[str, Any] = {}
-    with coordinator.client(timeout=30) as client:
-        while True:
-            status: dict[str, Any] = client.get("/status", params=params).json()
-            if done(status):
-                return status
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout}s waiting for {what}: "
-                                     f"{status['phase']}")
-            params = {"wait": 5, "since": status["generation"]}
 
 
 class Drain:

@@ -44,16 +44,23 @@ def rendered(name: str, scratch: Path) -> Rendered:
 
 def start_coordinator_as_rendered(janitor: ProcessJanitor, tmp: Path, pod: Rendered,
                                   vllm_url: str) -> Running:
-    """``serve`` with the overlay's ConfigMap as its environment, addresses and paths moved
-    (the engine's metrics too: it listens on a free port here, not on 8000). The profile's
-    own patterns find the engine: the engine tests run one at a time."""
+    """``serve`` with the overlay's ConfigMap, the engine's metrics moved too (it listens on
+    a free port here, not on 8000). The profile's own patterns find the engine: the engine
+    tests run one at a time."""
+    return start_coordinator_with(janitor, tmp, {
+        **pod.settings, "SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL": vllm_url + "/metrics"})
+
+
+def start_coordinator_with(janitor: ProcessJanitor, tmp: Path,
+                           settings: dict[str, str]) -> Running:
+    """``serve`` with ``settings`` as its environment (an overlay's ConfigMap), addresses and
+    paths moved onto this machine (``MOVED``, the token, state file, doorbell, port file)."""
     token = "overlay-token"
     (tmp / "token").write_text(token + "\n")
-    env = {**pod.settings, **MOVED,
+    env = {**settings, **MOVED,
            "SHUTDOWN_COORDINATOR_TOKEN_FILE": str(tmp / "token"),
            "SHUTDOWN_COORDINATOR_STATE_FILE": str(tmp / "state.json"),
            "SHUTDOWN_COORDINATOR_DOORBELL": str(tmp / "doorbell"),
-           "SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL": vllm_url + "/metrics",
            "SHUTDOWN_COORDINATOR_PORT_FILE": str(tmp / "port.json")}
     log = tmp / "coordinator.log"
     with log.open("ab") as handle:

@@ -41,7 +41,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -56,7 +55,6 @@ from tests.deploy.rendering import Rendered
 from tests.engines.stack import (
     DYNAMO_START_S,
     LOOPBACK_ENV,
-    ROOT,
     alive,
     engine_python,
     free_port,
@@ -66,9 +64,8 @@ from tests.engines.stack import (
     tree,
     wait_http,
 )
-from tests.engines.test_overlays import MOVED, hook_command, rendered
+from tests.engines.test_overlays import hook_command, rendered, start_coordinator_with
 from tests.engines.tiny_model import prompt
-from tests.service.servers import Running
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(300)]
@@ -145,30 +142,6 @@ def start_frontend(janitor: ProcessJanitor, env: dict[str, str], log: Path
                   "HOME": env["HOME"]})
     janitor.service(frontend)  # scenery: it must still stop cleanly on SIGTERM
     return frontend, url
-
-
-def start_coordinator_with(janitor: ProcessJanitor, tmp: Path,
-                           settings: dict[str, str]) -> Running:
-    """``serve`` with ``settings`` as its environment (the overlay's ConfigMap, addresses and
-    paths moved as ``tests/engines/test_overlays.py`` moves them)."""
-    token = "overlay-token"
-    (tmp / "token").write_text(token + "\n")
-    env = {**settings, **MOVED,
-           "SHUTDOWN_COORDINATOR_TOKEN_FILE": str(tmp / "token"),
-           "SHUTDOWN_COORDINATOR_STATE_FILE": str(tmp / "state.json"),
-           "SHUTDOWN_COORDINATOR_DOORBELL": str(tmp / "doorbell"),
-           "SHUTDOWN_COORDINATOR_PORT_FILE": str(tmp / "port.json")}
-    log = tmp / "coordinator.log"
-    with log.open("ab") as handle:
-        proc = janitor.spawn([sys.executable, "-m", "coordinator", "serve"], cwd=ROOT,
-                             env={k: v for k, v in env.items() if k.startswith("SHUTDOWN")},
-                             stdout=handle, stderr=handle, service=True)
-    url = wait_for(lambda: (tmp / "port.json").exists()
-                   and json.loads((tmp / "port.json").read_text())["url"],
-                   what="the coordinator listening")
-    wait_for(lambda: httpx.get(url + "/healthz", timeout=5).status_code == 200,
-             what="the coordinator healthy")
-    return Running(proc=proc, url=url, token=token, log=log)
 
 
 def served_by(url: str, request_id: str | None = None) -> int | None:
