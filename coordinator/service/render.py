@@ -51,6 +51,7 @@ def progress_line(doc: dict[str, Any], now: float | None = None,
     now = time.time() if now is None else now
     workers = doc.get("workers", [])
     inflight = sum(w.get("inflight") or 0 for w in workers if w.get("state") != "exited")
+    inflight += (doc.get("engine_inflight") or {}).get("inflight") or 0
     counts = doc.get("counts", {})
     ended = sum(v for k, v in counts.items() if k != "running")
     processes = len(doc.get("processes", []))
@@ -94,6 +95,18 @@ def _verdict_text(doc: dict[str, Any]) -> str:
     return text
 
 
+def _engine_text(reading: dict[str, Any]) -> str:
+    """The adopted engine's in-flight count as its metrics last said it."""
+    count = reading.get("inflight")
+    text = "in flight unknown" if count is None else f"{count} in flight"
+    if reading.get("root") is not None:
+        text += f" (the tree of pid {reading['root']})"
+    text += f", from {reading['url']}"
+    if reading.get("error"):
+        text += f": {reading['error']}"
+    return text
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """The whole status for a person."""
     now = time.time()
@@ -118,6 +131,9 @@ def status_text(doc: dict[str, Any]) -> str:
     out += [f"cause       {cause}" for cause in causes]
     if lost is not None:
         out.append(f"lost        {_requests(lost)} (handed back, expired unacknowledged)")
+    engine = doc.get("engine_inflight")
+    if engine:
+        out.append(f"engine      {_engine_text(engine)}")
     mc = doc.get("migration_counts", {})
     out.append(f"migrations  {len(doc.get('migrations', []))} pending, "
                f"{mc.get('handed_back', 0)} handed back, {mc.get('acked', 0)} acknowledged, "

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from coordinator import __version__
 from coordinator.drain.phases import Phase
 from coordinator.kill.report import Fate, ProcessOutcome
+from coordinator.service import listener
 from coordinator.service.persistence import TIMELINE_KEPT
 from coordinator.service.process_scan import process_entry
 
@@ -37,6 +39,8 @@ class StatusView:
         self._processes_epoch = 0
         """Bumped whenever the process list may have changed (its JSON is cached apart)."""
         self._processes: tuple[int, bytes, bytes] | None = None
+        self._metrics_owner: tuple[int, int] | None = None
+        """(pid, adopted root) of the process serving the engine's metrics, once found."""
 
     def processes_changed(self) -> None:
         """The process list may have changed (a scan, a kill outcome, a phase change)."""
@@ -99,14 +103,15 @@ class StatusView:
             "workers": [w.to_status() for w in c.registry.workers.values()],
             "migrations": [m.to_dict() for m in c.migrations.pending.values()],
             "migration_counts": c.migrations.counts(),
-            "adopted": [{"pid": f.pid, "name": f.name} for f in c.scan.adopted],
+            "adopted": self.adopted(),
             "timeline": [t.to_dict() for t in c.machine.timeline[-TIMELINE_KEPT:]],
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": c.started_at},
             "state_file": c.state.status(),
             "security": c.posture.to_status(),
             "settings": c.effective,
-            "engine_inflight": (c.engine_probe.reading.to_status()
+            "engine_inflight": ({**c.engine_probe.reading.to_status(),
+                                 "root": self.metrics_root()}
                                 if c.engine_probe is not None else None),
             "main_handover": {"waiting": controller.handover.waiting,
                               "handed": controller.handover.handed},
@@ -115,6 +120,52 @@ class StatusView:
             entries = self.process_list()
             document.update(counts=_counts(entries), processes=entries)
         return document
+
+    def adopted(self) -> list[dict[str, Any]]:
+        """The adopted roots, each with the engine's in-flight count when its tree serves the
+        metrics URL (None on the others, and while no count has been read)."""
+        c = self.coordinator
+        reading = c.engine_probe.reading if c.engine_probe is not None else None
+        counted = self.metrics_root() if reading is not None and reading.count is not None \
+            else None
+        return [{"pid": f.pid, "name": f.name,
+                 "inflight": reading.count if reading is not None and f.pid == counted
+                 else None} for f in c.scan.adopted]
+
+    def metrics_root(self) -> int | None:
+        """The adopted root whose tree has the process listening on the metrics URL's port.
+
+        Found once and kept while that process is still listed under that root, so a
+        ``/status`` render reads no ``/proc`` fds in the usual case.
+        """
+        c = self.coordinator
+        if c.engine_probe is None:
+            return None
+        scanned = c.scan.scanned
+        if self._metrics_owner is not None:
+            pid, root = self._metrics_owner
+            listed = scanned.get(pid)
+            if listed is not None and (listed.root_pid or pid) == root:
+                return root
+            self._metrics_owner = None
+        roots = {f.pid for f in c.scan.adopted}
+        if not roots:
+            return None
+        url = urlsplit(c.engine_probe.reading.url)
+        try:
+            port = url.port or (443 if url.scheme == "https" else 80)
+        except ValueError:
+            return None
+        below = sorted((o for o in scanned.values() if o.root_pid in roots and o.pid not in roots),
+                       key=lambda o: o.depth)
+        owner = listener.port_owner(port, [*sorted(roots), *(o.pid for o in below)])
+        if owner is None:
+            return None
+        found = owner if owner in roots else scanned[owner].root_pid
+        if found is None:
+            return None
+        self._metrics_owner = (owner, found)
+        return found
 
     def process_list(self) -> list[dict[str, Any]]:
         """Every known process: the scan's while serving and draining, the kill's outcomes

@@ -4,11 +4,13 @@ phase until they are done; an endpoint that cannot be read does not hold the dra
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 from coordinator.service.engine_probe import MAX_BODY_BYTES, inflight
+from coordinator.service.render import progress_line, status_text
 from coordinator.settings import DEFAULT_INFLIGHT_METRICS
 from tests.service.metrics_engine import PAGE
 from tests.service.servers import FAST, ROOT, Running, start_coordinator
@@ -154,3 +156,77 @@ def test_a_slow_metrics_page_holds_the_last_count(janitor: ProcessJanitor,
     assert summary["engine_inflight"]["inflight"] == 0
     assert summary["engine_inflight"]["slow"] is False
     assert count.with_suffix(".reads").read_text().split()[-1] == "0"
+
+
+WRAPPER = """
+import os, signal, subprocess, sys
+engine = subprocess.Popen([sys.executable, "-m", "tests.service.metrics_engine", *sys.argv[1:]])
+signal.signal(signal.SIGTERM, lambda *_: engine.terminate())
+os._exit(engine.wait())
+"""
+"""A launcher that passes SIGTERM on to its engine and exits with its code. ``os._exit``, as
+the kill may signal it after the engine exited: Python's exit restores SIGTERM's default
+action before the process is gone, which would turn that late SIGTERM into a death by it."""
+IDLE = """
+import signal, sys
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+print("ready", flush=True)
+signal.sigwait([signal.SIGTERM])
+"""
+
+
+def test_the_count_is_shown_on_the_adopted_root_whose_tree_serves_the_metrics(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. two adopted roots: an idle process, and a wrapper whose child serves the metrics
+    (2 requests running); 2. a drain reads them: /status shows the count on the wrapper, the
+    root of the process that owns the listening socket (by the engine's own PID record and
+    its parent in /proc), and none on the idle root; 3. the engine says 0: both trees exit
+    0 on their SIGTERM."""
+    count = tmp_path / "running"
+    count.write_text("2 0")
+    port_file = tmp_path / "engine.json"
+    wrapper = janitor.spawn([sys.executable, "-c", WRAPPER, str(count), str(port_file)],
+                            cwd=ROOT)
+    idle = janitor.spawn([sys.executable, "-c", IDLE], stdout=subprocess.PIPE, text=True)
+    assert idle.stdout is not None
+    assert idle.stdout.readline() == "ready\n"
+    engine = wait_for(lambda: port_file.exists() and json.loads(port_file.read_text()),
+                      what="the engine's metrics port")
+    stat = Path(f"/proc/{engine['pid']}/stat").read_text()
+    assert int(stat[stat.rindex(")") + 2:].split()[1]) == wrapper.pid  # ground truth: its parent
+    running = start_coordinator(janitor, tmp_path, *FAST, "--grace-period", "120",
+                                "--adopt-pid", str(wrapper.pid), "--adopt-pid", str(idle.pid),
+                                "--engine-metrics-url",
+                                f"http://127.0.0.1:{engine['port']}/metrics")
+    with running.client() as client:
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+    status = wait_for(lambda: (s := running.status())["engine_inflight"]["inflight"] == 2 and s,
+                      what="the probe's first read")
+    assert status["engine_inflight"]["root"] == wrapper.pid
+    assert sorted((a["pid"], a["inflight"]) for a in status["adopted"]) == sorted(
+        [(wrapper.pid, 2), (idle.pid, None)])
+    count.write_text("0 0")
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert wrapper.wait(timeout=60) == 0
+    assert idle.wait(timeout=60) == 0
+    assert summary["outcome"] == "graceful"
+    assert summary["engine_inflight"]["root"] == wrapper.pid
+
+
+def test_the_progress_line_and_the_status_text_count_the_engines_requests() -> None:
+    """The drain's line counts the adopted engine's in-flight requests with the workers';
+    the status text says whose tree they are in and where they were read."""
+    reading = {"url": "http://127.0.0.1:8000/metrics", "inflight": 3, "read_at": 1.0,
+               "error": None, "slow": False, "root": 4200}
+    doc = {"phase": "migrating", "generation": 4, "migrations": [], "counts": {},
+           "workers": [{"id": "w1", "pid": 1, "role": "main", "inflight": 2,
+                       "state": "draining"}],
+           "engine_inflight": reading}
+    assert "5 in flight" in progress_line(doc)
+    assert "engine      3 in flight (the tree of pid 4200), from " \
+           "http://127.0.0.1:8000/metrics" in status_text(doc).splitlines()
+    unread = {**reading, "inflight": None, "root": None, "error": "answered 404"}
+    assert "engine      in flight unknown, from http://127.0.0.1:8000/metrics: answered 404" \
+        in status_text({**doc, "engine_inflight": unread}).splitlines()
