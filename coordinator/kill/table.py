@@ -3,6 +3,10 @@
 Discovery always opens the pidfd *before* checking identity: if the start time read after
 opening still matches, the pidfd refers to the expected process, and every later signal goes
 through that pidfd, so a PID recycled in the meantime is never signalled.
+
+``ProcessTable`` admits processes (step 2a here, 2b in ``discovery``), signals them
+(steps 5-6, ``signalling``), and settles each one's fate as it exits and at the end (step 8;
+its exit code from ``process_exit``, what a previous run did from ``prior_run``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from coordinator.kill import pidfd, procfs
+from coordinator.kill import pidfd, prior_run, procfs
 from coordinator.kill.discovery import TreeDiscovery
 from coordinator.kill.policy import Target
+from coordinator.kill.process_exit import death_detail, exit_code
 from coordinator.kill.report import Fate, ProcessOutcome
+from coordinator.kill.signalling import Signalling
 from coordinator.kill.tiers import Member
 
 log = logging.getLogger(__name__)
@@ -51,7 +57,7 @@ class Tracked:
         return self.outcome.signalled_at is not None or self.outcome.killed_at is not None
 
 
-class ProcessTable(TreeDiscovery):
+class ProcessTable(TreeDiscovery, Signalling):
     """Discovers the targets' trees and keeps every process's outcome up to date."""
 
     def __init__(
@@ -73,9 +79,7 @@ class ProcessTable(TreeDiscovery):
         """Processes with an identity we verified, keyed by PID, in discovery order."""
         self.outcomes: list[ProcessOutcome] = []
         self.notes: list[str] = []
-        self._prior: dict[int, list[ProcessOutcome]] = {}
-        for outcome in (prior or {}).values():
-            self._prior.setdefault(outcome.pid, []).append(outcome)
+        self._prior = prior_run.by_pid((prior or {}).values())
         self._own_pgid = os.getpgid(0)
         self._started_boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)
         self._watch: Callable[[Tracked], None] = lambda _t: None
@@ -216,14 +220,14 @@ class ProcessTable(TreeDiscovery):
         if already_exited:
             outcome.fate = Fate.GONE
             outcome.detail = "had already exited (a zombie) when found"
-            outcome.exit_code = self._exit_code(fd, pid, stat.start_ticks)
+            outcome.exit_code = exit_code(fd, pid, stat.start_ticks)
             self._close(fd)
             self._record(outcome)
             return None
         if open_error:
             outcome.detail = open_error
         tracked = Tracked(outcome, member, stat.start_ticks, stat.pgid, fd)
-        self._apply_prior(tracked)
+        prior_run.carry_over(outcome, self._prior.get(pid, ()))
         self.live[pid] = tracked
         self._record(outcome)
         self._watch(tracked)
@@ -248,21 +252,6 @@ class ProcessTable(TreeDiscovery):
             if note not in self.notes:
                 self.notes.append(note)
             return None, True, f"{note}: signalled by PID and polled"
-
-    def _apply_prior(self, tracked: Tracked) -> None:
-        """A restarted coordinator: keep what the previous run already did to this process."""
-        assert tracked.outcome.start_time is not None
-        for before in self._prior.get(tracked.outcome.pid, ()):
-            if before.start_time is None or not procfs.same_start(
-                before.start_time, tracked.outcome.start_time
-            ):
-                continue
-            now = tracked.outcome
-            now.tier, now.signal = before.tier, before.signal
-            now.signalled_at, now.killed_at = before.signalled_at, before.killed_at
-            if before.role and not now.role:
-                now.role = before.role
-            return
 
     def _unreachable(self, pid: int, member: Member, why: str) -> None:
         """A process the kill cannot act on: reported ``survived`` (it may well be running),
@@ -293,75 +282,7 @@ class ProcessTable(TreeDiscovery):
             )
         )
 
-    # --- acting on processes -------------------------------------------------------------
-
-    def send(self, t: Tracked, sig: int) -> bool:
-        """Signal a tracked process through its pidfd; False when it already exited or the
-        signal could not be sent (the reason is recorded on the process, never raised)."""
-        if t.exited:
-            return False
-        try:
-            if t.fd is not None:
-                return pidfd.send_signal(t.fd, sig)
-            # Polling fallback: the start-time check narrows, but cannot close, the reuse
-            # race.
-            stat = procfs.read_stat(t.outcome.pid)
-            if stat is None or stat.zombie or stat.start_ticks != t.start_ticks:
-                return False
-            os.kill(t.outcome.pid, sig)
-        except ProcessLookupError:
-            return False
-        except OSError as exc:
-            name = signal.Signals(sig).name
-            why = f"{name} could not be sent: {os.strerror(exc.errno or 0)}"
-            log.error("pid %s: %s", t.outcome.pid, why)
-            t.outcome.detail = f"{t.outcome.detail}; {why}" if t.outcome.detail else why
-            return False
-        return True
-
-    def signal_graceful(self, t: Tracked, sig: int, tier: str,
-                        kill_at: float | None = None) -> None:
-        """Send the tier's graceful signal once and record it, with the time (epoch s) its
-        SIGKILL is due if it still runs then."""
-        if self._record_signal(t, sig, tier, kill_at):
-            self.send(t, sig)
-            self.publish(t.outcome)
-
-    def reschedule_kill(self, t: Tracked, kill_at: float) -> None:
-        """A process signalled by a previous run: its SIGKILL is now due at ``kill_at``."""
-        if t.exited or t.outcome.killed_at is not None:
-            return
-        t.outcome.kill_at = kill_at
-        self.publish(t.outcome)
-
-    def leave_signal(self, t: Tracked, sig: int, tier: str, detail: str,
-                     kill_at: float | None = None) -> None:
-        """Record the tier's graceful signal as sent by someone else, now (its clock starts)."""
-        if self._record_signal(t, sig, tier, kill_at):
-            t.outcome.detail = detail
-            self.publish(t.outcome)
-
-    @staticmethod
-    def _record_signal(t: Tracked, sig: int, tier: str, kill_at: float | None) -> bool:
-        """Record the tier's graceful signal, now; False when one was recorded already."""
-        if t.signalled:
-            return False
-        t.outcome.tier = tier
-        t.outcome.signal = signal.Signals(sig).name
-        t.outcome.signalled_at = time.time()
-        t.outcome.kill_at = kill_at
-        return True
-
-    def sigkill(self, t: Tracked, tier: str, why: str) -> None:
-        """SIGKILL a process that outlived its time (or force mode)."""
-        if t.exited:
-            return
-        t.outcome.tier = t.outcome.tier or tier
-        if t.outcome.killed_at is None:
-            t.outcome.killed_at = time.time()
-        t.outcome.detail = why
-        self.send(t, signal.SIGKILL)
-        self.publish(t.outcome)
+    # --- exits ---------------------------------------------------------------------------
 
     def mark_exited(self, pid: int) -> None:
         """The process exited (its pidfd turned readable): settle its fate."""
@@ -371,7 +292,7 @@ class ProcessTable(TreeDiscovery):
         t.exited = True
         out = t.outcome
         out.ended_at = time.time()
-        out.exit_code = self._exit_code(t.fd, pid, t.start_ticks)
+        out.exit_code = exit_code(t.fd, pid, t.start_ticks)
         first_signal = out.signalled_at or out.killed_at
         if first_signal is not None:
             out.elapsed_ms = round((out.ended_at - first_signal) * 1000.0, 3)
@@ -385,24 +306,6 @@ class ProcessTable(TreeDiscovery):
                 out.detail = death_detail(out) or out.detail
         self.publish(out)
 
-    def _exit_code(self, fd: int | None, pid: int, start_ticks: int) -> int | None:
-        try:
-            return self._read_exit_code(fd, pid, start_ticks)
-        except OSError:
-            log.exception("could not read the exit code of pid %s", pid)
-            return None
-
-    def _read_exit_code(self, fd: int | None, pid: int, start_ticks: int) -> int | None:
-        if fd is not None:
-            return pidfd.exit_code(fd, pid, start_ticks)
-        code = pidfd.child_exit_code(pid, by_pid=True)
-        if code is not None:
-            return code
-        stat = procfs.read_stat(pid)
-        if stat is not None and stat.start_ticks == start_ticks and stat.exit_status is not None:
-            return os.waitstatus_to_exitcode(stat.exit_status)
-        return None
-
     def unsignalled(self) -> list[Tracked]:
         return [t for t in self.live.values() if not t.exited and not t.signalled]
 
@@ -413,7 +316,7 @@ class ProcessTable(TreeDiscovery):
         for t in self.live.values():
             out = t.outcome
             if t.exited and out.exit_code is None and t.fd is not None:
-                out.exit_code = self._exit_code(t.fd, out.pid, t.start_ticks)
+                out.exit_code = exit_code(t.fd, out.pid, t.start_ticks)
                 out.detail = death_detail(out) or out.detail
             if not t.exited:
                 out.fate = Fate.SURVIVED
@@ -426,47 +329,10 @@ class ProcessTable(TreeDiscovery):
 
     def prior_not_found(self) -> list[ProcessOutcome]:
         """Outcomes of the previous run whose processes this run did not find alive."""
-        out: list[ProcessOutcome] = []
-        for pid, befores in self._prior.items():
-            for before in befores:
-                if any(
-                    o.pid == pid
-                    and o.start_time is not None
-                    and before.start_time is not None
-                    and procfs.same_start(o.start_time, before.start_time)
-                    for o in self.outcomes
-                ):
-                    continue
-                settled = ProcessOutcome.from_dict(before.to_dict())
-                if not settled.fate.final:
-                    if settled.killed_at is not None:
-                        settled.fate = Fate.KILLED
-                    elif settled.signalled_at is not None:
-                        settled.fate = Fate.EXITED
-                    else:
-                        settled.fate = Fate.GONE
-                    settled.detail = "ended while no coordinator was watching it"
-                out.append(settled)
-        return out
+        return prior_run.not_found(self._prior, self.outcomes)
 
     @staticmethod
     def _close(fd: int | None) -> None:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-
-def death_detail(out: ProcessOutcome) -> str:
-    """Why an exit after the graceful signal is not a clean one, or ``""`` when it is."""
-    code = out.exit_code
-    if code is None or code == 0:
-        return ""
-    if code > 0:
-        return f"exited with code {code}"
-    try:
-        name = signal.Signals(-code).name
-    except ValueError:
-        name = f"signal {-code}"
-    if out.signal == name and out.killed_at is None:
-        return f"died of {name}'s default action: no handler ran, so no cleanup"
-    return f"died of {name}"

@@ -40,7 +40,8 @@ from coordinator.kill import (
     terminate,
 )
 from coordinator.kill.engine import KillRun
-from coordinator.kill.table import ProcessTable, death_detail
+from coordinator.kill.process_exit import death_detail
+from coordinator.kill.table import ProcessTable
 from coordinator.kill.tier_text import TierSyntaxError, tier_from_mapping
 from coordinator.kill.tiers import Member
 from coordinator.kill.watch import POLL_INTERVAL_S, ExitWatcher
