@@ -45,6 +45,7 @@ class TreeDiscovery:
     protected: frozenset[int]
     live: dict[int, Tracked]
     notes: list[str]
+    spared: dict[int, int]
     _own_pgid: int
     _started_boot_s: float
 
@@ -209,6 +210,7 @@ class TreeDiscovery:
                 self.notes.append(note)
             return []
         for f in spared:
+            self.spared[f.stat.pid] = f.stat.start_ticks
             self.notes.append(
                 f"pid {f.stat.pid} ({f.stat.name}) in the engine's {f.where} was left alone: "
                 "it waits on the coordinator (a client of its listening socket, e.g. the "

@@ -199,7 +199,8 @@ class KillRun:
         time to end before it is called ``survived``."""
         give_up_at = time.monotonic() + max(MIN_CONFIRM_S, self.policy.confirm_s)
         while True:
-            listed = listed_not_found(self.targets, [*self.table.outcomes, *prior_only])
+            listed = listed_not_found(self.targets, [*self.table.outcomes, *prior_only],
+                                      self.table.spared)
             if not still_running(listed) or time.monotonic() >= give_up_at:
                 return listed
             await asyncio.sleep(LISTED_POLL_S)

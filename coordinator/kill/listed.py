@@ -10,7 +10,7 @@ does (it left the tree before the kill could reach it, and nothing stopped it).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from coordinator.kill import procfs
 from coordinator.kill.policy import Target
@@ -22,14 +22,22 @@ def still_running(outcomes: Iterable[ProcessOutcome]) -> bool:
     return any(o.fate is Fate.SURVIVED for o in outcomes)
 
 
-def listed_not_found(targets: Iterable[Target],
-                     found: Iterable[ProcessOutcome]) -> list[ProcessOutcome]:
+def listed_not_found(targets: Iterable[Target], found: Iterable[ProcessOutcome],
+                     spared: Mapping[int, int] | None = None) -> list[ProcessOutcome]:
     """Each process of a target's ``listed`` whose identity (PID and start time) is not among
-    ``found``, settled as the system shows it now."""
+    ``found``, settled as the system shows it now.
+
+    Not those the kill left alone on purpose (``spared``: PID to start ticks): a preStop hook
+    in the engine's unit is listed by a scan taken before it connected, yet it is no process
+    of the engine's, and its running on is no survival."""
     seen: dict[int, list[float]] = {}
     for o in found:
         if o.start_time is not None:
             seen.setdefault(o.pid, []).append(o.start_time)
+    if spared:
+        boot = procfs.boot_time()
+        for pid, ticks in spared.items():
+            seen.setdefault(pid, []).append(ticks / procfs.CLOCK_TICKS + boot)
     out: list[ProcessOutcome] = []
     for target in targets:
         for listed in target.listed:

@@ -79,6 +79,10 @@ class ProcessTable(TreeDiscovery, Signalling):
         """Processes with an identity we verified, keyed by PID, in discovery order."""
         self.outcomes: list[ProcessOutcome] = []
         self.notes: list[str] = []
+        self.spared: dict[int, int] = {}
+        """PID to start ticks of each process the kill left alone on purpose (a client of the
+        coordinator in the engine's unit, e.g. the preStop hook): never a process of the
+        engine's, even where a scan listed it before it connected."""
         self._prior = prior_run.by_pid((prior or {}).values())
         self._own_pgid = os.getpgid(0)
         self._started_boot_s = time.clock_gettime(time.CLOCK_BOOTTIME)

@@ -152,6 +152,58 @@ def test_the_prestop_hook_in_the_engines_unit_is_not_killed(
         assert not any(running(pid) for pid in everything)
 
 
+HELD_HOOK = """
+import runpy, sys
+hook, url, gate = sys.argv[1:]
+with open(gate) as fifo:  # blocks until the test opens the gate: listed, not yet connected
+    fifo.read()
+sys.argv = [hook, "--url", url]
+runpy.run_path(hook, run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("kind", ["cgroup", "mntns"])
+def test_a_prestop_hook_a_scan_listed_before_it_connected_is_not_in_the_summary(
+    janitor: ProcessJanitor, tmp_path: Path, kind: str
+) -> None:
+    """1. a registered root in its own unit; 2. the preStop hook starts in the unit under a
+    shell and waits before it connects, until a scan has listed it and its shell under the
+    root (as a hook that starts between two scans is); 3. it sends GET /drain: the drain ends
+    the root and its child and leaves the hook and its shell alone; 4. the summary names the
+    tree only (no hook ``survived`` or ``gone``), graceful, and the hook exits 0."""
+    with engine_unit(kind, janitor) as unit:
+        tree = unit.start_tree(janitor, tmp_path / "tree", "--children", "1")
+        coordinator = start_coordinator(janitor, tmp_path, *FAST)
+        register(coordinator, tree["pid"])
+        everything = sorted([tree["pid"], *tree["children"]])
+        wait_for(lambda: sorted(processes(coordinator.status())) == everything,
+                 what="the tree listed")
+        gate = tmp_path / "gate"
+        os.mkfifo(gate)
+        out = tmp_path / "hook.out"
+        script = (f"{sys.executable} -c '{HELD_HOOK}' {DRAIN_HOOK} {coordinator.url} {gate}; "
+                  f"echo $? > {tmp_path}/hook.exit")
+        with out.open("wb") as handle:
+            shell = janitor.spawn([*unit.joining(tree["pid"]), "sh", "-c", script],
+                                  stdout=handle, stderr=subprocess.STDOUT)
+        hook = wait_for(lambda: [int(c) for c in Path(f"/proc/{shell.pid}/task/{shell.pid}/"
+                                                      "children").read_text().split()],
+                        what="the hook started")
+        listed = wait_for(lambda: (ps := processes(coordinator.status())).keys() >= {
+            shell.pid, *hook} and ps, what="the hook and its shell listed by a scan")
+        assert listed[shell.pid]["root_pid"] == tree["pid"]
+        with gate.open("w") as fifo:
+            fifo.write("go")
+        assert shell.wait(timeout=60) == 0
+        assert (tmp_path / "hook.exit").read_text().strip() == "0", out.read_text()
+        assert out.read_text().startswith("drain phase=done outcome=graceful"), out.read_text()
+        summary = coordinator.status()
+        ended = processes(summary)
+        assert sorted(ended) == everything, summary["processes"]
+        assert {p["fate"] for p in ended.values()} == {"exited"}
+        assert not any(running(pid) for pid in everything)
+
+
 def test_a_child_that_died_with_its_crashed_worker_before_any_scan_is_in_the_summary(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:

@@ -3,7 +3,8 @@
 It starts a worker (a new session) and becomes the parent of whatever that worker leaves
 behind, but reaps nothing until its own SIGTERM: what dies under it stays a zombie, as under a
 slow init. The worker writes ``DIR/worker.pid``; on SIGUSR1 it starts a child that dies with
-it (``PR_SET_PDEATHSIG`` SIGKILL), writes ``DIR/child.pid`` and waits to be killed."""
+it (``PR_SET_PDEATHSIG`` SIGKILL), which writes ``DIR/child.pid`` once that is armed; the
+worker waits to be killed."""
 
 from __future__ import annotations
 
@@ -28,12 +29,16 @@ def worker(directory: Path) -> None:
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
     write(directory / "worker.pid", str(os.getpid()))
     signal.sigwait({signal.SIGUSR1})
-    child = os.fork()
-    if child == 0:
+    parent = os.getpid()
+    if os.fork() == 0:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:  # the worker died before the death signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+        # Written by the child once its death signal is armed: the test kills the worker
+        # only then, or a child still on its way to prctl would outlive it.
+        write(directory / "child.pid", str(os.getpid()))
         while True:
             time.sleep(60)
-    write(directory / "child.pid", str(child))
     while True:
         time.sleep(60)
 
