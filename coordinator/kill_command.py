@@ -43,8 +43,8 @@ def run(args: argparse.Namespace) -> int:
 
     from coordinator.errors import RefusedTarget
     from coordinator.kill import KillPolicy, Target, terminate
+    from coordinator.kill.adoption import AdoptionRules, discover
     from coordinator.kill.patterns import PatternError, compile_pattern
-    from coordinator.service.adoption import AdoptionRules, discover
 
     if not args.pids and not args.pattern:
         print("kill: give at least one PID or --pattern", file=sys.stderr)

@@ -19,8 +19,18 @@ from dataclasses import dataclass
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 START_TIME_TOLERANCE_S = 0.5 / CLOCK_TICKS
-"""Two start times closer than half a clock tick are the same: the kernel keeps them in
-ticks, so any two readers of the same process agree to well within this."""
+"""Two start times closer than half a clock tick are the same process's.
+
+The kernel keeps a start time in whole clock ticks (10 ms at 100 Hz), and every reader turns
+it into epoch seconds with the same formula: ``btime`` (whole seconds) plus ``starttime /
+SC_CLK_TCK``. That is what this module does, what psutil's ``create_time()`` does, and what
+``worker_client``'s ``process_start_time`` sends in its registration, so those three agree
+bit for bit; the tolerance is only for clients that round the value (to the millisecond, say)
+on the way. Half a tick takes any such rounding and never takes the next tick: a 15 ms
+tolerance would have called a process started one tick later (a reused PID) the same."""
+
+PF_KTHREAD = 0x00200000
+"""``include/linux/sched.h``: the task is a kernel thread (``flags``, field 9 of stat)."""
 
 PROC = "/proc"
 
@@ -41,10 +51,16 @@ class ProcStat:
     """Clock ticks from boot to the process's creation; never changes for a process."""
     exit_status: int | None
     """Raw wait status (as ``waitpid`` gives it) once the process is a zombie; else None."""
+    flags: int = 0
+    """The kernel's ``PF_*`` flags of the task (``PF_KTHREAD`` marks a kernel thread)."""
 
     @property
     def zombie(self) -> bool:
         return self.state in ("Z", "X")
+
+    @property
+    def kernel_thread(self) -> bool:
+        return bool(self.flags & PF_KTHREAD)
 
     def start_time(self, boot: float) -> float:
         """Start time in epoch seconds, given ``boot_time()``."""
@@ -85,6 +101,7 @@ def parse_stat(text: str) -> ProcStat:
         sid=int(rest[6 - 3]),
         start_ticks=int(rest[22 - 3]),
         exit_status=int(exit_field) if state in ("Z", "X") else None,
+        flags=int(rest[9 - 3]),
     )
 
 
@@ -110,9 +127,12 @@ def start_time(pid: int) -> float | None:
     return None if stat is None else stat.start_time(boot_time())
 
 
-def same_start(a: float, b: float) -> bool:
-    """True when two start times denote the same process creation."""
-    return abs(a - b) < START_TIME_TOLERANCE_S
+def same_start(a: float | None, b: float | None) -> bool:
+    """True when two start times denote the same process creation (``START_TIME_TOLERANCE_S``).
+
+    None matches anything: a registration may leave its start time out (a client that could
+    not read ``/proc``), and then the PID alone names the process, as the caller asked."""
+    return a is None or b is None or abs(a - b) < START_TIME_TOLERANCE_S
 
 
 def thread_group(pid: int) -> int | None:
@@ -139,13 +159,16 @@ def cmdline(pid: int) -> str:
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
 
 
+def pids() -> list[int]:
+    """The PID of every process on the system right now (``/proc`` does not list threads)."""
+    return [int(entry) for entry in os.listdir(PROC) if entry.isdigit()]
+
+
 def snapshot() -> dict[int, ProcStat]:
     """Every process on the system right now, by PID (one pass over ``/proc``)."""
     out: dict[int, ProcStat] = {}
-    for entry in os.listdir(PROC):
-        if not entry.isdigit():
-            continue
-        stat = read_stat(int(entry))
+    for pid in pids():
+        stat = read_stat(pid)
         if stat is not None:
             out[stat.pid] = stat
     return out

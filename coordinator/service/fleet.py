@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 import shutdown_wire as wire
 from coordinator.drain.phases import Phase
 from coordinator.drain.record import DrainRecord
+from coordinator.kill import adoption
 from coordinator.kill.policy import Target
 from coordinator.kill.report import ProcessOutcome
-from coordinator.service import adoption
 from coordinator.service.worker_moves import WorkerMove, apply
 
 if TYPE_CHECKING:

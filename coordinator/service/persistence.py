@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, Any
 from coordinator.drain.phases import Phase
 from coordinator.drain.state_file import StateWriter, load_state, set_aside
 from coordinator.errors import DrainConflict
+from coordinator.kill.identity import ProcessFacts, same_start
 from coordinator.kill.report import ProcessOutcome
-from coordinator.service.identity import ProcessFacts, same_start
 from coordinator.service.restore import RestoredState, build, still_running
 
 if TYPE_CHECKING:

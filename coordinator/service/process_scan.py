@@ -27,9 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.kill import membership, procfs, safety
+from coordinator.kill import adoption, identity, membership, procfs, safety
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.service import adoption, identity
 
 log = logging.getLogger(__name__)
 

@@ -20,9 +20,9 @@ from typing import Any
 
 from coordinator.errors import TargetNotFound
 from coordinator.kill import pidfd, procfs
+from coordinator.kill.identity import ProcessFacts, facts, same_start
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.service.identity import ProcessFacts, facts, same_start
 from coordinator.service.worker_moves import WorkerMove, WorkerState, after
 
 log = logging.getLogger(__name__)

@@ -12,12 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from coordinator.drain.phases import Phase, Transition
 from coordinator.drain.record import DrainRecord
+from coordinator.kill import procfs
+from coordinator.kill.identity import same_start
 from coordinator.kill.report import Fate, ProcessOutcome
-from coordinator.service.identity import same_start
 from coordinator.service.migrations import MigrationBook
 from coordinator.service.registry import Worker
 
@@ -59,12 +58,9 @@ def build(document: dict[str, Any]) -> RestoredState:
 def is_running(pid: int, start_time: float | None) -> bool:
     """Whether the process ``pid`` that started at ``start_time`` still exists (a zombie
     does not: it has ended and only waits to be reaped)."""
-    try:
-        proc = psutil.Process(pid)
-        return same_start(proc.create_time(), start_time) and \
-            proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
+    stat = procfs.read_stat(pid)
+    return stat is not None and not stat.zombie and \
+        same_start(stat.start_time(procfs.boot_time()), start_time)
 
 
 def still_running(drain: DrainRecord) -> list[ProcessOutcome]:

@@ -30,8 +30,9 @@ from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, LimitReached
+from coordinator.kill import adoption, identity
 from coordinator.kill.policy import TierSpec
-from coordinator.service import adoption, drain_log, expiry, identity, posture
+from coordinator.service import drain_log, expiry, posture
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.engine_probe import EngineProbe
 from coordinator.service.fleet import WorkerFleet

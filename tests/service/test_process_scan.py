@@ -8,7 +8,7 @@ from pathlib import Path
 
 import psutil
 
-from coordinator.service.adoption import AdoptionRules
+from coordinator.kill.adoption import AdoptionRules
 from coordinator.service.process_scan import ProcessScan
 from tests.kill.helpers import alive, start_time, start_tree
 from tests.support.processes import ProcessJanitor, wait_for

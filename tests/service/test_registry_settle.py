@@ -7,7 +7,7 @@ import signal
 
 import psutil
 
-from coordinator.service.identity import facts
+from coordinator.kill.identity import facts
 from coordinator.service.registry import WorkerRegistry
 from tests.support.processes import ProcessJanitor, wait_for
 

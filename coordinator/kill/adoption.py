@@ -2,7 +2,9 @@
 
 Adopted trees are discovered at start-up (for ``/status``) and again when the kill starts, since
 an unmodified engine may have restarted in between. Only the topmost match of a pattern becomes
-a root: its matching descendants belong to its tree anyway.
+a root: its matching descendants belong to its tree anyway. Command lines are read as the kill
+engine reads them for its tier patterns (``procfs.cmdline``), so a pattern matches the same
+processes whichever of the two looks.
 """
 
 from __future__ import annotations
@@ -12,11 +14,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-
 from coordinator.errors import RefusedTarget, TargetNotFound
-from coordinator.kill import patterns
-from coordinator.service.identity import ProcessFacts, protected_pids, vet
+from coordinator.kill import patterns, procfs, safety
+from coordinator.kill.identity import ProcessFacts, vet
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +35,14 @@ class AdoptionRules:
 
 
 def _pattern_matches(compiled: list[Any]) -> list[int]:
-    protected = protected_pids()
+    protected = safety.protected_pids()
     found: list[int] = []
-    for proc in psutil.process_iter(["cmdline"]):
-        if proc.pid in protected:
+    for pid in procfs.pids():
+        if pid in protected:
             continue
-        cmdline = " ".join(proc.info.get("cmdline") or ())
+        cmdline = procfs.cmdline(pid)
         if cmdline and any(p.search(cmdline) for p in compiled):
-            found.append(proc.pid)
+            found.append(pid)
     return found
 
 
@@ -51,8 +51,10 @@ def _topmost(candidates: Iterable[ProcessFacts]) -> list[ProcessFacts]:
     roots: list[ProcessFacts] = []
     for candidate in chosen.values():
         try:
-            ancestors = {p.pid for p in psutil.Process(candidate.pid).parents()}
-        except psutil.Error:
+            if procfs.read_stat(candidate.pid) is None:
+                continue  # gone since it was vetted
+            ancestors = set(procfs.ancestors(candidate.pid))
+        except OSError:
             continue
         if not ancestors & chosen.keys():
             roots.append(candidate)
@@ -79,4 +81,3 @@ def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[Proce
         except TargetNotFound:
             continue
     return _topmost(vetted)
-
