@@ -3,23 +3,118 @@
 With pidfds, each process's pidfd is registered with the event loop's selector (epoll on
 Linux) through ``loop.add_reader``; the pidfd turns readable the moment the process exits (as
 a zombie, before anyone reaps it), so one ``epoll_wait`` covers hundreds of processes and costs
-nothing while they live. Without pidfds, ``/proc`` is polled instead, and the report says so.
+nothing while they live. Without a pidfd (none on this kernel, or one epoll refuses),
+``/proc`` is polled instead: a process has exited once its PID is gone, a zombie, or another
+process's (other start ticks).
+
+``ExitEvents`` is that mechanism, and the only one: the kill engine's ``ExitWatcher`` (by
+PID, with waits for a set of PIDs, polling every 10 ms) and the service's registry (by worker
+id, polling every second) both watch through it. It never opens or closes a pidfd: whoever
+opened one closes it, after reading through it how the process exited (``pidfd.exit_code``),
+which is why an exit is reported before the descriptor goes. ``settle()`` delivers at once
+the exits the loop has not run the callbacks of yet: a caller about to act on "still running"
+(the registry before a kill is planned) asks every pidfd itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
-from coordinator.kill import procfs
+from coordinator.kill import pidfd, procfs
 
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.01
-"""Fallback polling period (no pidfds): exits are seen within ~10 ms at ~1 /proc read per
-process per period."""
+"""The kill's fallback polling period (no pidfds): exits are seen within ~10 ms at ~1 /proc
+read per process per period."""
+
+K = TypeVar("K", bound=Hashable)
+
+
+class ExitEvents(Generic[K]):
+    """Calls ``on_exit(key)`` when the process watched under ``key`` exits, then forgets it.
+
+    Single event loop (taken at the first watch), no locks. Each watch fires at most once.
+    """
+
+    def __init__(self, on_exit: Callable[[K], None], *, poll_interval_s: float) -> None:
+        self._on_exit = on_exit
+        self._poll_interval_s = poll_interval_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.fds: dict[K, int] = {}
+        """The pidfd of each process watched through one (owned by the caller)."""
+        self.polled: dict[K, tuple[int, int]] = {}
+        """(PID, start ticks) of each process watched by polling ``/proc``."""
+        self._poller: asyncio.Task[None] | None = None
+
+    def watch(self, key: K, pid: int, fd: int | None, start_ticks: int) -> None:
+        """Start watching ``pid`` under ``key``: through ``fd`` when given and epoll takes
+        it, else by polling for a change of ``/proc/<pid>`` from ``start_ticks``."""
+        loop = self._loop = self._loop or asyncio.get_running_loop()
+        if fd is not None:
+            try:
+                loop.add_reader(fd, self._fire, key)
+            except (OSError, ValueError):
+                log.exception("cannot watch the pidfd of pid %s: polling it instead", pid)
+            else:
+                self.fds[key] = fd
+                return
+        self.polled[key] = (pid, start_ticks)
+        if self._poller is None:
+            self._poller = loop.create_task(self._poll())
+
+    def unwatch(self, key: K) -> None:
+        """Stop watching ``key`` (its pidfd stays open)."""
+        fd = self.fds.pop(key, None)
+        if fd is not None and self._loop is not None:
+            self._loop.remove_reader(fd)
+        self.polled.pop(key, None)
+
+    def settle(self) -> None:
+        """Deliver now every exit that has happened but that the loop has not delivered yet
+        (a pidfd readable, its callback still queued; or a poll not yet due)."""
+        for key, fd in list(self.fds.items()):
+            try:
+                exited = pidfd.has_exited(fd)
+            except OSError:
+                continue  # the loop delivers it, as before
+            if exited and key in self.fds:
+                self._fire(key)
+        for key in list(self.polled):
+            if key in self.polled and self._has_exited(key):
+                self._fire(key)
+
+    def close(self) -> None:
+        """Stop watching everything (the pidfds stay open: their owners close them)."""
+        for key in list(self.fds):
+            self.unwatch(key)
+        self.polled.clear()
+        if self._poller is not None:
+            self._poller.cancel()
+            self._poller = None
+
+    def _fire(self, key: K) -> None:
+        self.unwatch(key)
+        self._on_exit(key)
+
+    def _has_exited(self, key: K) -> bool:
+        pid, ticks = self.polled[key]
+        try:
+            stat = procfs.read_stat(pid)
+        except OSError:
+            return False  # out of file descriptors: look again next period
+        return stat is None or stat.zombie or stat.start_ticks != ticks
+
+    async def _poll(self) -> None:
+        while True:
+            for key in list(self.polled):
+                if key in self.polled and self._has_exited(key):
+                    self._fire(key)
+            await asyncio.sleep(self._poll_interval_s)
 
 
 @dataclass
@@ -31,37 +126,27 @@ class ExitWaiter:
 
 
 class ExitWatcher:
-    """Calls ``on_exit(pid)`` once for each watched process, when it exits."""
+    """The kill's watch: calls ``on_exit(pid)`` once for each watched process, when it exits
+    (watched again after that, it does not fire again), and waits for sets of PIDs."""
 
     def __init__(self, on_exit: Callable[[int], None], *, use_pidfd: bool) -> None:
-        self._loop = asyncio.get_running_loop()
         self._on_exit = on_exit
         self._use_pidfd = use_pidfd
-        self._fds: dict[int, int] = {}
-        self._polled: dict[int, int] = {}
-        self._poller: asyncio.Task[None] | None = None
+        self._exits: ExitEvents[int] = ExitEvents(self._fire,
+                                                  poll_interval_s=POLL_INTERVAL_S)
         self._waiters: list[ExitWaiter] = []
         self._exited: set[int] = set()
 
+    @property
+    def _polled(self) -> dict[int, tuple[int, int]]:
+        """The PIDs polled for now (the pidfd of each other one is on the loop)."""
+        return self._exits.polled
+
     def watch(self, pid: int, fd: int | None, start_ticks: int) -> None:
         """Start watching ``pid`` (through ``fd`` when pidfds are used)."""
-        if self._use_pidfd and fd is not None:
-            try:
-                self._loop.add_reader(fd, self._fire, pid)
-            except (OSError, ValueError):
-                log.exception("cannot watch the pidfd of pid %s: polling it instead", pid)
-            else:
-                self._fds[pid] = fd
-                return
-        self._polled[pid] = start_ticks
-        if self._poller is None:
-            self._poller = self._loop.create_task(self._poll())
+        self._exits.watch(pid, pid, fd if self._use_pidfd else None, start_ticks)
 
     def _fire(self, pid: int) -> None:
-        fd = self._fds.pop(pid, None)
-        if fd is not None:
-            self._loop.remove_reader(fd)
-        self._polled.pop(pid, None)
         if pid in self._exited:
             return
         self._exited.add(pid)
@@ -70,17 +155,6 @@ class ExitWatcher:
             waiter.remaining.discard(pid)
             if not waiter.remaining:
                 waiter.event.set()
-
-    async def _poll(self) -> None:
-        while True:
-            for pid, ticks in list(self._polled.items()):
-                try:
-                    stat = procfs.read_stat(pid)
-                except OSError:
-                    continue  # out of file descriptors: look again next period
-                if stat is None or stat.zombie or stat.start_ticks != ticks:
-                    self._fire(pid)
-            await asyncio.sleep(POLL_INTERVAL_S)
 
     async def wait(self, pids: set[int], timeout_s: float) -> bool:
         """Wait until every PID in ``pids`` has exited, at most ``timeout_s``; True if all did."""
@@ -101,10 +175,4 @@ class ExitWatcher:
 
     def close(self) -> None:
         """Stop watching everything (the pidfds stay open: their owner closes them)."""
-        for fd in self._fds.values():
-            self._loop.remove_reader(fd)
-        self._fds.clear()
-        self._polled.clear()
-        if self._poller is not None:
-            self._poller.cancel()
-            self._poller = None
+        self._exits.close()

@@ -2,14 +2,15 @@
 
 A worker's process is watched through a pidfd registered with the event loop (readable the
 moment the process exits), so a worker that dies is marked ``exited`` on its own, without
-polling. Where pidfds are unavailable a slow poll stands in. ``on_exit`` hears of each exit
-at once (the coordinator scans for what the worker left behind before anything else).
+polling. Where pidfds are unavailable a slow poll stands in. Both are the kill engine's
+``ExitEvents`` (``coordinator.kill.watch``): the registry opens each pidfd, checks after
+opening it that the PID is still the registered process, reads through it how the process
+exited, and closes it. ``on_exit`` hears of each exit at once (the coordinator scans for what
+the worker left behind before anything else).
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import os
 import time
@@ -18,16 +19,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.errors import TargetNotFound
 from coordinator.kill import pidfd, procfs
-from coordinator.kill.identity import ProcessFacts, facts, same_start
+from coordinator.kill.identity import ProcessFacts, same_start
 from coordinator.kill.policy import Target, TierSpec
 from coordinator.kill.report import Fate, ProcessOutcome
+from coordinator.kill.watch import ExitEvents
 from coordinator.service.worker_moves import WorkerMove, WorkerState, after
 
 log = logging.getLogger(__name__)
 
 POLL_FALLBACK_S = 1.0
+"""Polling period where pidfds are unavailable (s): a worker's exit is seen within a second,
+at one ``/proc`` read per worker per period."""
 
 
 @dataclass
@@ -152,10 +155,12 @@ class WorkerRegistry:
         self._on_change = on_change
         self._on_exit_hook = on_exit
         self.workers: dict[str, Worker] = {}
-        self._watches: dict[str, int] = {}
+        self._exits: ExitEvents[str] = ExitEvents(self._on_exit,
+                                                  poll_interval_s=POLL_FALLBACK_S)
+        self._fds: dict[str, int] = {}
+        """The pidfd of each worker watched through one (opened and closed here)."""
         self._ticks: dict[str, int] = {}
         """Start ticks of each watched worker (its exit status in /proc is trusted by them)."""
-        self._polls: dict[str, asyncio.Task[None]] = {}
 
     def find(self, pid: int, start_time: float) -> Worker | None:
         """The worker registered for this process, if any."""
@@ -211,60 +216,53 @@ class WorkerRegistry:
         """Mark exited, now, every worker whose process has exited but whose exit the loop
         has not delivered yet (its pidfd is readable, the callback still queued): a kill
         planned in between would take a dead root for a live one, and miss what was listed
-        under it."""
-        for worker_id, fd in list(self._watches.items()):
-            try:
-                exited = pidfd.has_exited(fd)
-            except OSError:
-                continue  # the watch delivers it, as before
-            if exited:
-                self._on_exit(worker_id)
-        for worker_id in list(self._polls):
-            worker = self.workers.get(worker_id)
-            if worker is not None and worker.alive and not _same_process(worker):
-                self._unwatch(worker_id)
-                self._mark_exited(worker)
+        under it. Without pidfds, the poll not yet due is done now."""
+        self._exits.settle()
 
     def close(self) -> None:
-        for worker_id in list(self._watches) + list(self._polls):
+        for worker_id in list(self._ticks):
             self._unwatch(worker_id)
+        self._exits.close()
 
     # --- process watch -------------------------------------------------------------------
 
     def _watch(self, worker: Worker) -> None:
-        loop = asyncio.get_running_loop()
+        fd: int | None
         try:
             fd = os.pidfd_open(worker.pid)
         except ProcessLookupError:
             self._mark_exited(worker)
             return
         except (OSError, AttributeError):
-            self._polls[worker.id] = loop.create_task(self._poll(worker))
-            return
-        # The PID may have been reused between the identity check and pidfd_open.
-        if not _same_process(worker):
-            os.close(fd)
+            fd = None  # no pidfds here: the slow poll stands in
+        try:
+            # The PID may have been reused between the identity check and pidfd_open.
+            stat = procfs.read_stat(worker.pid)
+        except OSError:
+            if fd is not None:
+                os.close(fd)
+            raise
+        if stat is None or stat.zombie or not same_start(
+                stat.start_time(procfs.boot_time()), worker.start_time):
+            if fd is not None:
+                os.close(fd)
             self._mark_exited(worker)
             return
-        self._watches[worker.id] = fd
-        stat = procfs.read_stat(worker.pid)
-        self._ticks[worker.id] = stat.start_ticks if stat is not None else -1
-        loop.add_reader(fd, self._on_exit, worker.id)
+        if fd is not None:
+            self._fds[worker.id] = fd
+        self._ticks[worker.id] = stat.start_ticks
+        self._exits.watch(worker.id, worker.pid, fd, stat.start_ticks)
 
     def _unwatch(self, worker_id: str) -> None:
-        fd = self._watches.pop(worker_id, None)
+        self._exits.unwatch(worker_id)
         self._ticks.pop(worker_id, None)
+        fd = self._fds.pop(worker_id, None)
         if fd is not None:
-            with contextlib.suppress(Exception):
-                asyncio.get_running_loop().remove_reader(fd)
             os.close(fd)
-        task = self._polls.pop(worker_id, None)
-        if task is not None:
-            task.cancel()
 
     def _on_exit(self, worker_id: str) -> None:
         worker = self.workers.get(worker_id)
-        fd = self._watches.get(worker_id)
+        fd = self._fds.get(worker_id)
         if worker is not None and fd is not None:
             try:
                 worker.exit_code = pidfd.exit_code(fd, worker.pid,
@@ -274,14 +272,6 @@ class WorkerRegistry:
         self._unwatch(worker_id)
         if worker is not None and worker.alive:
             self._mark_exited(worker)
-
-    async def _poll(self, worker: Worker) -> None:
-        while worker.alive:
-            if not _same_process(worker):
-                self._polls.pop(worker.id, None)
-                self._mark_exited(worker)
-                return
-            await asyncio.sleep(POLL_FALLBACK_S)
 
     def _mark_exited(self, worker: Worker) -> None:
         log.info("worker %s (pid %d) exited", worker.id, worker.pid)
@@ -295,11 +285,3 @@ class WorkerRegistry:
                 log.exception("worker exit hook failed for %s", worker.id)
         self._on_change()
 
-
-def _same_process(worker: Worker) -> bool:
-    """Whether ``worker.pid`` is still the process that registered (same start time)."""
-    try:
-        live = facts(worker.pid)
-    except TargetNotFound:
-        return False
-    return same_start(live.start_time, worker.start_time)
