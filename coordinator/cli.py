@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from coordinator import __version__, exit_codes, kill_command
 from coordinator.kill.policy import TierSpec
-from coordinator.kill.tier_text import TierSyntaxError, parse_tier
 from coordinator.settings import DEFAULT_URL, ENV_PREFIX
+from coordinator.tier_settings import TierSyntaxError, parse_tier
 
 if TYPE_CHECKING:
     from coordinator.service.client import CoordinatorClient

@@ -18,7 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from coordinator.engines import PROFILES, EngineName
 from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
-from coordinator.kill.tier_text import parse_tiers
+from coordinator.tier_settings import parse_tiers
 
 ENV_PREFIX = "SHUTDOWN_COORDINATOR_"
 DEFAULT_PORT = 8787
@@ -102,7 +102,7 @@ class Settings(BaseSettings):
     re-discovered when the kill starts (an engine may have restarted since)."""
     adopt_tiers: Annotated[list[TierSpec], NoDecode] = Field(default_factory=list)
     """Kill tiers for adopted trees, ``NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]`` each (see
-    ``coordinator.kill.tier_text``): matching processes are signalled in this order before
+    ``coordinator.tier_settings``): matching processes are signalled in this order before
     the default deepest-first order; ``root`` lets a tier hold the adopted root itself."""
     engine_metrics_url: str | None = Field(None, max_length=2048)
     """The Prometheus endpoint of an engine that does not register (``http://127.0.0.1:8000/

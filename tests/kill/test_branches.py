@@ -42,9 +42,9 @@ from coordinator.kill import (
 from coordinator.kill.engine import KillRun
 from coordinator.kill.process_exit import death_detail
 from coordinator.kill.table import ProcessTable
-from coordinator.kill.tier_text import TierSyntaxError, tier_from_mapping
 from coordinator.kill.tiers import Member
 from coordinator.kill.watch import POLL_INTERVAL_S, ExitWatcher
+from coordinator.tier_settings import TierSyntaxError, tier_from_mapping
 from tests.kill.helpers import alive, start_time, start_tree
 from tests.support.processes import ProcessJanitor, wait_for
 

@@ -1,5 +1,8 @@
 """Kill tiers written by hand: ``--adopt-tier`` flags and their JSON form.
 
+Settings text, read by ``settings.py`` and the command line; the kill engine only ever sees
+the ``TierSpec`` values made here.
+
 Flag form: ``NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]``. The regular expression may itself
 contain colons (vLLM's titles are ``VLLM::EngineCore``), so the optional parts are peeled off
 the right end, and only when they look like what they stand for: ``root`` for the marker, a

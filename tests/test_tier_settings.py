@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from coordinator.kill.policy import DEFAULT_TIER_TIMEOUT_S, TierSpec
-from coordinator.kill.tier_text import TierSyntaxError, parse_tier, parse_tiers
+from coordinator.tier_settings import TierSyntaxError, parse_tier, parse_tiers
 
 
 @pytest.mark.parametrize(("text", "expected"), [
