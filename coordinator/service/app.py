@@ -39,10 +39,12 @@ from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest
 from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document, limited
 from coordinator.service.plan import kill_plan
 from coordinator.service.posture import Posture
+from coordinator.service.process_scan import process_entry
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
+from coordinator.timeline import CSP, render_html, render_svg
 
 JSON = "application/json"
 WAIT_SLACK_S = 1.0
@@ -88,6 +90,7 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app = FastAPI(title="shutdown-coordinator", version=__version__, lifespan=lifespan,
                   openapi_url=None, docs_url=None, redoc_url=None)
     app.state.coordinator = coordinator
+    coordinator.metrics.drain_clock.source = lambda: running_drain(coordinator)
     # The token is checked once, by the request guard, before any body is read.
     check = TokenCheck(coordinator.posture.token)
     public = APIRouter(responses=AT_THE_DOOR)
@@ -250,6 +253,29 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
         return Response(body, media_type=JSON, headers={"ETag": etag,
                                                         "Cache-Control": "no-cache"})
 
+    @api.get("/status/timeline", response_class=Response, responses={
+        200: {"content": {"text/html": {}, "image/svg+xml": {}},
+              "description": "the drain's timeline"}})
+    async def status_timeline(
+        drain: Annotated[Literal["current", "last"], Query(
+            description="``current``: the running or just finished drain (the last one "
+                        "while serving); ``last``: ``last_drain``, the drain before")] =
+            "current",
+        format: Annotated[Literal["html", "svg"], Query(
+            description="``html``: one self-contained page; ``svg``: the drawing "
+                        "alone")] = "html",
+    ) -> Response:
+        """The drain drawn: phases as bands, a row per process (per tier past a few
+        hundred), marks at its graceful signal, SIGKILL and exit, handoffs over time."""
+        document = timeline_document(coordinator, drain)
+        headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
+                   "Content-Security-Policy": CSP}
+        if format == "svg":
+            svg_text = await asyncio.to_thread(render_svg, document)
+            return Response(svg_text, media_type="image/svg+xml", headers=headers)
+        page = await asyncio.to_thread(render_html, document)
+        return Response(page, media_type="text/html; charset=utf-8", headers=headers)
+
     @api.get("/plan")
     async def plan() -> dict[str, Any]:
         """The kill as it would run now: its tiers in order, each with its signal, timeout and
@@ -301,7 +327,14 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
         404: {"description": "unknown worker"}, **limited("max_handoffs")})
     async def report(worker_id: WorkerId, body: ReportRequest) -> dict[str, int]:
         """In-flight count, handed-back requests, ``prekill_done``."""
-        coordinator.report(worker_or_404(worker_id), body)
+        worker = worker_or_404(worker_id)
+        first_notice = worker.notified_at is None and body.notified_at is not None
+        coordinator.report(worker, body)
+        drain = coordinator.controller.drain
+        if first_notice and body.notified_at is not None and drain is not None and \
+                coordinator.machine.phase is not Phase.SERVING:
+            coordinator.metrics.shutdown_event_seconds.observe(
+                max(body.notified_at - drain.deadlines.started_at, 0.0))
         return {"generation": coordinator.machine.generation}
 
     @api.post("/migrations/ack", responses=limited("max_early_acks"))
@@ -323,6 +356,48 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,
                        read_timeout_s=settings.read_timeout_s)
     return app
+
+
+def running_drain(coordinator: Coordinator) -> tuple[float, float] | None:
+    """(seconds since it started, its budget in seconds) of the drain that runs, or None."""
+    drain = coordinator.controller.drain
+    if drain is None or coordinator.machine.phase in (Phase.SERVING, Phase.DONE):
+        return None
+    started = drain.deadlines.started_at
+    return (max(coordinator.controller.clock() - started, 0.0),
+            drain.deadlines.deadline_at - started)
+
+
+def timeline_document(coordinator: Coordinator, which: str) -> dict[str, Any]:
+    """The ``/status`` document the timeline draws: as it is for the ``current`` drain;
+    with ``drain`` null and ``last_drain``'s processes for the ``last`` one (and for
+    ``current`` while serving, after a drain); plus ``handoff_log``, the drain's handoff
+    events in time, and ``migration_counts`` counted from them (the drain's own)."""
+    document = coordinator.view.status_document()
+    controller = coordinator.controller
+    record = controller.drain if document["drain"] is not None else None
+    if which == "last" or record is None:
+        record = controller.last
+        document["drain"] = None
+        document["last_drain"] = record.to_status() if record is not None else None
+        if record is not None:
+            document["processes"] = [process_entry(o) for o in sorted(
+                record.outcomes.values(), key=lambda o: o.pid)]
+            document["workers"] = []  # a new cycle's: those of the last drain are forgotten
+            document["migrations"] = []
+    document["handoff_log"] = []
+    if record is not None:
+        start = record.deadlines.started_at
+        end = record.ended_at if record.ended_at is not None else math.inf
+        document["handoff_log"] = [{"at": at, "event": event, "count": count}
+                                   for at, event, count in coordinator.migrations.log
+                                   if start <= at <= end]
+        # This drain's, not the coordinator's since it started.
+        totals = {"handed_back": 0, "acked": 0, "expired": 0}
+        for entry in document["handoff_log"]:
+            totals[entry["event"]] += entry["count"]
+        document["migration_counts"] = {**totals, "pending": len(document["migrations"])}
+    return document
 
 
 def _clip(text: object) -> str:

@@ -25,6 +25,7 @@ pending, so the migrating phase does not wait for an acknowledgement that will n
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -39,6 +40,9 @@ handoff was reported, far above one pod's burst."""
 RESOLVED_KEPT = 10_000
 """Acknowledged or expired ids remembered, so a repeated ack answers ``unknown`` instead of
 being taken for an early one."""
+
+LOG_KEPT = 10_000
+"""Handoff events remembered for the drain timeline (``log``), newest kept."""
 
 Added = Literal["listed", "acked", "engine"]
 
@@ -86,6 +90,9 @@ class MigrationBook:
         self.expired = 0
         self.engine = 0
         """Of ``acked``: handoffs the engine's own router migrated (never pending)."""
+        self.log: deque[tuple[float, str, int]] = deque(maxlen=LOG_KEPT)
+        """(epoch s, ``handed_back`` | ``acked`` | ``expired``, how many), as they happened:
+        what ``GET /status/timeline`` draws. Not persisted."""
 
     def check_room(self, handoffs: list[tuple[str, bool]]) -> None:
         """Raise ``LimitReached`` when adding ``handoffs`` (request id, engine-migrated) would
@@ -107,18 +114,22 @@ class MigrationBook:
         if request_id in self.pending:
             return None
         self.handed_back += 1
+        now = time.time()
+        self.log.append((now, "handed_back", 1))
         if engine_migrated:
             self.early.pop(request_id, None)
             self.engine += 1
             self.acked += 1
+            self.log.append((now, "acked", 1))
             self._resolve(request_id)
             return "engine"
         if self.early.pop(request_id, None) is not None:
             self.acked += 1
+            self.log.append((now, "acked", 1))
             self._resolve(request_id)
             return "acked"
         self.pending[request_id] = Migration(request_id, worker, worker_url, tokens,
-                                             time.time(), detail)
+                                             now, detail)
         return "listed"
 
     def ack(self, request_ids: list[str]) -> AckResult:
@@ -146,6 +157,8 @@ class MigrationBook:
                 self.early.pop(request_id, None)
                 self.early[request_id] = time.time()
         self.acked += len(acked)
+        if acked:
+            self.log.append((time.time(), "acked", len(acked)))
         return AckResult(acked, early, unknown)
 
     def forget_early(self) -> None:
@@ -165,6 +178,8 @@ class MigrationBook:
             del self.pending[request_id]
             self._resolve(request_id)
         self.expired += len(old)
+        if old:
+            self.log.append((time.time(), "expired", len(old)))
         dropped = []
         for request_id, at in self.early.items():
             if at >= cutoff:
@@ -182,6 +197,8 @@ class MigrationBook:
         self.pending.clear()
         self.early.clear()
         self.expired += count
+        if count:
+            self.log.append((time.time(), "expired", count))
         return count
 
     def _resolve(self, request_id: str) -> None:
