@@ -11,6 +11,34 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
 
+# The core tests drive a headless Chromium (the drain timeline page, tests/timeline) and
+# promtool (the alert rules, tests/observability): Debian's packages chromium and prometheus,
+# installed here where missing (CI is a clean Debian, as root; apt-get update only when the
+# install fails without it). Without root or apt-get those tests are skipped, as they say.
+install_test_tools() {
+    local missing=()
+    [ -x /usr/bin/chromium ] || missing+=(chromium)
+    command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || missing+=(prometheus)
+    [ "${#missing[@]}" -eq 0 ] && return 0
+    if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+        echo "not installed: ${missing[*]} (their tests are skipped; apt-get install ${missing[*]})"
+        return 0
+    fi
+    echo "== apt-get install ${missing[*]}"
+    local log=.engines/apt.log
+    mkdir -p .engines
+    local install=(timeout 900 apt-get install -y -qq --no-install-recommends "${missing[@]}")
+    if ! DEBIAN_FRONTEND=noninteractive "${install[@]}" >"$log" 2>&1; then
+        if ! { timeout 300 apt-get update -qq && \
+               DEBIAN_FRONTEND=noninteractive "${install[@]}"; } >>"$log" 2>&1; then
+            tail -n 30 "$log"
+            echo "installing ${missing[*]} failed"
+            exit 1
+        fi
+    fi
+}
+install_test_tools
+
 echo "== ruff"
 .venv/bin/ruff check .
 echo "== mypy"
