@@ -1,0 +1,157 @@
+"""``shutdown-coordinator serve``: run the coordinator.
+
+Every flag is a field of ``coordinator.settings.Settings`` and also reads
+``SHUTDOWN_COORDINATOR_<FIELD>``; a flag not given leaves the field to its variable or its
+default. Settings that must not serve are refused before anything listens, in the operator's
+words, with the usage exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from coordinator import exit_codes
+from coordinator.settings import ENV_PREFIX
+from coordinator.tier_settings import TierSyntaxError, parse_tier
+
+if TYPE_CHECKING:
+    from coordinator.kill import TierSpec
+
+# flag → (Settings field, type, help). None defaults mean "not given": env or default apply.
+SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--host", "host", str, "address to bind (default 127.0.0.1)"),
+    ("--port", "port", int, "TCP port, 0 for any free one (default 8787)"),
+    ("--port-file", "port_file", Path, "write {host, port, url, pid} here once listening"),
+    ("--grace-period", "grace_period_s", float,
+     "the pod's termination grace period in seconds (default 30)"),
+    ("--safety-margin", "safety_margin_s", float,
+     "seconds of the grace period the drain leaves unused (default 5)"),
+    ("--min-drain", "min_drain_s", float, "seconds to stay in draining at least (default 0)"),
+    ("--tier-timeout", "tier_timeout_s", float,
+     "seconds per kill tier before SIGKILL (default 10)"),
+    ("--confirm-timeout", "confirm_s", float,
+     "seconds to wait for a SIGKILLed process to disappear (default 2)"),
+    ("--prekill-timeout", "prekill_timeout_s", float,
+     "seconds to wait for workers' pre-kill hooks (default 2)"),
+    ("--token-file", "token_file", Path, "file holding the bearer token"),
+    ("--state-file", "state_file", Path, "persist the drain here to survive a restart"),
+    ("--doorbell", "doorbell", str,
+     "named pipe that wakes every worker at once: auto (default), off, or a path"),
+    ("--engine-metrics-url", "engine_metrics_url", str,
+     "Prometheus endpoint of an adopted engine: its in-flight requests hold the migration"),
+    ("--engine", "engine", str,
+     "the engine's profile: vllm, sglang, dynamo, trtllm, tgi or generic (default): adoption "
+     "patterns, kill tiers and in-flight probe for an engine that does not register"),
+    ("--confine-to-pid", "confine_to_pid", int,
+     "only register or adopt processes descending from this PID"),
+    ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),
+    ("--max-body-bytes", "max_body_bytes", int,
+     "largest request body, 413 above it (default 8 MiB)"),
+    ("--read-timeout", "read_timeout_s", float,
+     "seconds a request's head, and then its body, may take to arrive (default 10)"),
+    ("--max-connections", "max_connections", int,
+     "open connections at most, 503 past it (default 8192)"),
+    ("--max-workers", "max_workers", int,
+     "registered workers at most, 429 past it (default 1024)"),
+    ("--max-streams-per-worker", "max_streams_per_worker", int,
+     "event streams one worker may hold open, 429 past it (default 4)"),
+    ("--max-handoffs", "max_handoffs", int,
+     "handed-back requests awaiting acknowledgement at most, 429 past it (default 10000)"),
+    ("--max-early-acks", "max_early_acks", int,
+     "acknowledgements of handoffs not yet reported at most, 429 past it (default 10000)"),
+    ("--max-long-polls", "max_long_polls", int,
+     "GET /status?wait callers waiting at once, 429 past it (default 1024)"),
+    ("--expire-after", "expire_after_s", float,
+     "seconds pending handoffs, early acks and exited workers are kept while no drain "
+     "runs (default 60)"),
+    ("--scan-interval", "process_scan_interval_s", float,
+     "seconds between process tree scans for /status (default 5)"),
+    ("--log-level", "log_level", str, "critical, error, warning, info (default), debug"),
+]
+
+
+_METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
+_REPEATED_FLAGS = {
+    "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
+    "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
+    "allow_unauthenticated_network": "--allow-unauthenticated-network"}
+"""The flags outside ``SERVE_FLAGS`` that name a setting, by field (for refusal messages)."""
+
+
+def _env_name(field: str) -> str:
+    return ENV_PREFIX + field.upper()
+
+
+def _tier_arg(text: str) -> TierSpec:
+    try:
+        return parse_tier(text)
+    except TierSyntaxError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the ``serve`` subcommand."""
+    serve = sub.add_parser("serve", help="run the coordinator")
+    for flag, field, kind, text in SERVE_FLAGS:
+        serve.add_argument(flag, dest=field, type=kind, default=None, metavar=_METAVARS.get(
+                               kind, flag.removeprefix("--").upper()),
+                           help=f"{text} [env {_env_name(field)}]")
+    serve.add_argument("--adopt-pid", dest="adopt_pids", type=int, action="append",
+                       default=None, metavar="PID",
+                       help=f"adopt this process tree (repeatable) [env {_env_name('adopt_pids')}]")
+    serve.add_argument("--adopt-pattern", dest="adopt_patterns", action="append", default=None,
+                       metavar="REGEX", help="adopt trees whose command line matches "
+                       f"(repeatable) [env {_env_name('adopt_patterns')}]")
+    serve.add_argument("--adopt-tier", dest="adopt_tiers", type=_tier_arg, action="append",
+                       default=None, metavar="NAME=REGEX[:TIMEOUT_S[:SIGNAL]][:root]",
+                       help="kill tier for adopted trees, in order (repeatable); 'root' lets "
+                       f"it hold the adopted root itself [env {_env_name('adopt_tiers')}]")
+    serve.add_argument("--engine-inflight-metric", dest="engine_inflight_metrics",
+                       action="append", default=None, metavar="NAME",
+                       help="a gauge of the engine's in-flight requests (repeatable; default: "
+                       "vLLM's and SGLang's running and waiting requests) "
+                       f"[env {_env_name('engine_inflight_metrics')}]")
+    serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
+                       action="store_const", const=True, default=None,
+                       help="serve a non-loopback --host without a token (refused otherwise: "
+                       "anyone reaching the port could drain the pod) "
+                       f"[env {_env_name('allow_unauthenticated_network')}]")
+    serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
+                       const=False, default=None, help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the ``serve`` subcommand until the coordinator stops; returns the exit code."""
+    # Imported here: FastAPI, uvicorn and psutil would slow every other command's start,
+    # among them ``drain`` in the preStop hook.
+    from pydantic import ValidationError
+
+    from coordinator import startup_check
+    from coordinator.service import posture
+    from coordinator.service.server import serve
+    from coordinator.settings import Settings
+
+    given = {field: getattr(args, field) for _, field, _, _ in SERVE_FLAGS}
+    given.update({field: getattr(args, field) for field in _REPEATED_FLAGS})
+    given.update(status_cache=args.status_cache)
+    flags = {field: flag for flag, field, _, _ in SERVE_FLAGS} | _REPEATED_FLAGS
+    try:
+        settings = Settings(**{k: v for k, v in given.items() if v is not None})
+        problems = startup_check.refusals(settings)
+        checked = posture.check(settings) if not problems else None
+    except ValidationError as exc:
+        problems = startup_check.explain(exc, flags)
+    except (OSError, ValueError) as exc:
+        problems = [str(exc)]
+    if problems or checked is None:
+        for problem in problems:
+            print(f"shutdown-coordinator serve: {problem}", file=sys.stderr)
+        return exit_codes.USAGE
+    try:
+        return serve(settings, checked=checked)
+    except OSError as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return exit_codes.USAGE

@@ -1,0 +1,73 @@
+"""``shutdown-coordinator status``: the coordinator's state, once or at every change, or the
+kill as it would run now."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING, Any
+
+from coordinator import exit_codes
+from coordinator.cli.client_errors import client_errors_to_exit_codes
+from coordinator.cli.client_flags import add_client_flags, read_token
+
+if TYPE_CHECKING:
+    from coordinator.service.client import CoordinatorClient
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register the ``status`` subcommand."""
+    status = sub.add_parser("status", help="print the coordinator's state")
+    add_client_flags(status)
+    status.add_argument("--plan", action="store_true",
+                        help="print the kill as it would run now: tiers in order, each with "
+                        "its signal, timeout and processes")
+    status.add_argument("--watch", action="store_true",
+                        help="print the state again at every change (a drain as it runs) "
+                        "until interrupted, or until a drain is done")
+
+
+@client_errors_to_exit_codes
+def run(args: argparse.Namespace) -> int:
+    """Run the ``status`` subcommand; returns the exit code."""
+    from coordinator.service.client import CoordinatorClient
+
+    with CoordinatorClient(args.url, read_token(args)) as client:
+        if args.plan:
+            _print_plan(client, as_json=args.json)
+        else:
+            _print_state(client, as_json=args.json, watch=args.watch)
+    return exit_codes.OK
+
+
+def drain_ended(document: dict[str, Any]) -> bool:
+    """A watched drain has ended (done, or aborted back to serving): where ``status --watch``
+    and ``drain`` stop."""
+    return document["phase"] == "done" or (
+        document["phase"] == "serving" and document.get("outcome") == "aborted")
+
+
+def _print_plan(client: CoordinatorClient, *, as_json: bool) -> None:
+    from coordinator.service.render import plan_text
+
+    plan = client.plan()
+    print(json.dumps(plan, indent=2) if as_json else plan_text(plan))
+
+
+def _print_state(client: CoordinatorClient, *, as_json: bool, watch: bool) -> None:
+    """The ``/status`` document; with ``watch``, again at every change until the drain ends."""
+    from coordinator.service.render import status_text
+
+    document = client.status()
+    if as_json:  # with --watch, one document a line
+        print(json.dumps(document, indent=None if watch else 2), flush=True)
+    else:
+        print(status_text(document), flush=True)
+    while watch and not drain_ended(document):
+        document = client.status(wait=10.0, since=int(document["generation"]))
+        if as_json:
+            print(json.dumps(document), flush=True)
+        else:
+            clear = "\x1b[H\x1b[2J" if sys.stdout.isatty() else "\n"
+            print(clear + status_text(document), flush=True)
