@@ -26,6 +26,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     status.add_argument("--watch", action="store_true",
                         help="print the state again at every change (a drain as it runs) "
                         "until interrupted, or until a drain is done")
+    status.add_argument("--timeline", metavar="FILE.svg",
+                        help="write the drain's timeline to FILE.svg (phases, a row per "
+                        "process with its signals and exit, handoffs): the running drain, or "
+                        "the latest while none runs; with --last-drain, last_drain")
+    status.add_argument("--last-drain", action="store_true",
+                        help="with --timeline: draw last_drain, the drain before the current")
 
 
 @client_errors_to_exit_codes
@@ -33,7 +39,14 @@ def run(args: argparse.Namespace) -> int:
     """Run the ``status`` subcommand; returns the exit code."""
     from coordinator.service.client import CoordinatorClient
 
+    if args.last_drain and not args.timeline:
+        print("shutdown-coordinator status: --last-drain goes with --timeline FILE.svg",
+              file=sys.stderr)
+        return exit_codes.USAGE
     with CoordinatorClient(args.url, read_token(args)) as client:
+        if args.timeline:
+            return _save_timeline(client, args.timeline,
+                                  "last" if args.last_drain else "current")
         if args.plan:
             _print_plan(client, as_json=args.json)
         else:
@@ -46,6 +59,21 @@ def drain_ended(document: dict[str, Any]) -> bool:
     and ``drain`` stop."""
     return document["phase"] == "done" or (
         document["phase"] == "serving" and document.get("outcome") == "aborted")
+
+
+def _save_timeline(client: CoordinatorClient, path: str, drain: str) -> int:
+    """The coordinator draws it (with the handoffs it remembers); this writes the file."""
+    from coordinator.timeline import save
+
+    svg = client.timeline_svg(drain)
+    try:
+        save(svg, path)
+    except OSError as exc:
+        print(f"shutdown-coordinator status: cannot write {path}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return exit_codes.USAGE
+    print(f"wrote the {drain} drain's timeline to {path}", file=sys.stderr)
+    return exit_codes.OK
 
 
 def _print_plan(client: CoordinatorClient, *, as_json: bool) -> None:

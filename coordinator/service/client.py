@@ -47,7 +47,8 @@ class CoordinatorClient:
     def __exit__(self, *_exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        """One call; an error answer or no answer raised as a ``ClientError``."""
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.HTTPError as exc:
@@ -56,6 +57,10 @@ class CoordinatorClient:
             raise AuthError(_detail(response))
         if 400 <= response.status_code < 600:
             raise RefusedError(response.status_code, _detail(response))
+        return response
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        response = self._request(method, path, **kwargs)
         try:
             data = response.json()
         except ValueError as exc:
@@ -70,6 +75,12 @@ class CoordinatorClient:
         if since is not None and wait > 0:
             params = {"wait": wait, "since": since}
         return self._call("GET", "/status", params=params)
+
+    def timeline_svg(self, drain: str = "current") -> str:
+        """The drain's timeline drawn as SVG (``GET /status/timeline?format=svg``):
+        ``current`` (the running or just finished drain) or ``last`` (``last_drain``)."""
+        return self._request("GET", "/status/timeline",
+                             params={"format": "svg", "drain": drain}).text
 
     def plan(self) -> dict[str, Any]:
         """The kill as it would run now (``GET /plan``)."""

@@ -16,16 +16,21 @@ from coordinator.timeline.page import render as render_html
 from coordinator.timeline.scale import Scale
 from coordinator.timeline.svg import render as render_svg
 
-__all__ = ["CSP", "Scale", "render_html", "render_svg", "write_svg"]
+__all__ = ["CSP", "Scale", "render_html", "render_svg", "save", "write_svg"]
 
 
 def write_svg(document: object, path: str | os.PathLike[str]) -> None:
     """Write the SVG timeline of ``document`` (a ``/status`` document) to ``path``
     (replaced atomically: a reader never sees half a file)."""
+    save(render_svg(document), path)
+
+
+def save(text: str, path: str | os.PathLike[str]) -> None:
+    """Write a drawn timeline to ``path``, replaced atomically."""
     target = Path(path)
     temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        temporary.write_text(render_svg(document), encoding="utf-8")
+        temporary.write_text(text, encoding="utf-8")
         temporary.replace(target)
     finally:
         temporary.unlink(missing_ok=True)
