@@ -120,6 +120,22 @@ def test_children_a_worker_starts_just_before_it_crashes_are_drained(
             assert not running(pid)
 
 
+def assert_hook_spared(shell: subprocess.Popen[bytes], tmp: Path, coordinator: Running,
+                       everything: list[int]) -> None:
+    """The hook's shell and the hook exited 0 on their own, the hook printed a graceful
+    summary, and the summary names exactly ``everything`` (the engine's processes), each
+    exited and gone per /proc."""
+    out = tmp / "hook.out"
+    assert shell.wait(timeout=60) == 0
+    assert (tmp / "hook.exit").read_text().strip() == "0", out.read_text()
+    assert out.read_text().startswith("drain phase=done outcome=graceful"), out.read_text()
+    summary = coordinator.status()
+    ended = processes(summary)
+    assert sorted(ended) == everything, summary["processes"]
+    assert {p["fate"] for p in ended.values()} == {"exited"}
+    assert not any(running(pid) for pid in everything)
+
+
 @pytest.mark.parametrize("kind", ["cgroup", "mntns"])
 def test_the_prestop_hook_in_the_engines_unit_is_not_killed(
     janitor: ProcessJanitor, tmp_path: Path, kind: str
@@ -142,14 +158,7 @@ def test_the_prestop_hook_in_the_engines_unit_is_not_killed(
         with out.open("wb") as handle:
             shell = janitor.spawn([*unit.joining(tree["pid"]), "sh", "-c", script],
                                   stdout=handle, stderr=subprocess.STDOUT)
-        assert shell.wait(timeout=60) == 0
-        assert (tmp_path / "hook.exit").read_text().strip() == "0", out.read_text()
-        assert out.read_text().startswith("drain phase=done outcome=graceful"), out.read_text()
-        summary = coordinator.status()
-        ended = processes(summary)
-        assert sorted(ended) == everything, summary["processes"]
-        assert {p["fate"] for p in ended.values()} == {"exited"}
-        assert not any(running(pid) for pid in everything)
+        assert_hook_spared(shell, tmp_path, coordinator, everything)
 
 
 HELD_HOOK = """
@@ -194,14 +203,7 @@ def test_a_prestop_hook_a_scan_listed_before_it_connected_is_not_in_the_summary(
         assert listed[shell.pid]["root_pid"] == tree["pid"]
         with gate.open("w") as fifo:
             fifo.write("go")
-        assert shell.wait(timeout=60) == 0
-        assert (tmp_path / "hook.exit").read_text().strip() == "0", out.read_text()
-        assert out.read_text().startswith("drain phase=done outcome=graceful"), out.read_text()
-        summary = coordinator.status()
-        ended = processes(summary)
-        assert sorted(ended) == everything, summary["processes"]
-        assert {p["fate"] for p in ended.values()} == {"exited"}
-        assert not any(running(pid) for pid in everything)
+        assert_hook_spared(shell, tmp_path, coordinator, everything)
 
 
 def test_a_child_that_died_with_its_crashed_worker_before_any_scan_is_in_the_summary(
