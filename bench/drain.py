@@ -60,7 +60,7 @@ from devstack.sim.launcher import EngineHandle, start_engine  # noqa: E402
 from devstack.streaming_load import ClientStream, StreamingLoad  # noqa: E402
 from tests.service.servers import FAST, Running, start_coordinator  # noqa: E402
 from tests.support.processes import ProcessJanitor, wait_for  # noqa: E402
-from worker_client._client import LATENCY_SLICE_ENV  # noqa: E402
+from worker_client._settings import LATENCY_SLICE_ENV  # noqa: E402
 
 WARM_TOKENS = 5
 

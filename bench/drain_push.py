@@ -7,8 +7,9 @@ aborted N times per event reader of the engines (``loop``: the worker client rea
 on the engine's loop; ``thread``: a reader thread). Each round waits until all R streams run
 on pod A, sends the drain, then collects each worker's ``notified_at`` (when its
 ``shutdown_event`` was set, reported by the worker client), ``pushed_at`` (when the
-coordinator wrote the drain line), the workers' own timings file, and each handoff's first
-sight by the observer process.
+coordinator wrote the drain line), the workers' drain notices (written by the bench's drain
+observer, ``bench/worker_timings.py``), and each handoff's first sight by the observer
+process.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from typing import Any
 
 import httpx
 
+from bench import worker_timings
 from bench.drain_rig import pct, read_answer, slice_note, start_router, urlsplit_hostport
 from bench.handoff_observer import Observer
 from devstack.sim.launcher import EngineHandle, start_engine
 from tests.service.servers import FAST, hold_drains, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
+from worker_client._settings import DRAIN_OBSERVER_ENV, EVENT_READER_ENV
 
 
 @dataclass
@@ -64,17 +67,19 @@ async def run_push(args: argparse.Namespace, tmp: Path, reader: str, streams: in
                    ) -> PushResult:
     """``args.push_rounds`` drain/abort rounds with ``streams`` streams, the engines reading
     their event streams the ``reader`` way."""
-    os.environ["WORKER_CLIENT_EVENT_READER"] = reader  # the engines inherit it
+    # The engines inherit these: their reader, and the bench's drain observer.
+    os.environ[EVENT_READER_ENV] = reader
     timings = tmp / f"timings-{reader}-{streams}.ndjson"
-    os.environ["WORKER_CLIENT_TIMINGS"] = str(timings)
+    os.environ[DRAIN_OBSERVER_ENV] = worker_timings.OBSERVER
+    os.environ[worker_timings.PATH_ENV] = str(timings)
     janitor = ProcessJanitor()
     try:
         result = await _run_push(janitor, args, tmp / f"push-{reader}-{streams}", reader,
                                  streams)
     finally:
         janitor.close()
-        os.environ.pop("WORKER_CLIENT_EVENT_READER", None)
-        os.environ.pop("WORKER_CLIENT_TIMINGS", None)
+        for name in (EVENT_READER_ENV, DRAIN_OBSERVER_ENV, worker_timings.PATH_ENV):
+            os.environ.pop(name, None)
     add_timings(result, timings)
     if args.keep_timings:
         _keep(timings, Path(args.keep_timings))
@@ -88,8 +93,8 @@ def _keep(timings: Path, folder: Path) -> None:
 
 
 def add_timings(result: PushResult, path: Path) -> None:
-    """The workers' own per-drain records: where the time between the coordinator's drain
-    start and shutdown_event goes, and how each drain was learnt."""
+    """The workers' per-drain notices (``bench/worker_timings.py``): where the time between
+    the coordinator's drain start and shutdown_event goes, and how each drain was learnt."""
     for line in path.read_text().splitlines() if path.exists() else []:
         record = json.loads(line)
         source = str(record["source"])

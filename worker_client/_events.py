@@ -1,9 +1,8 @@
 """Hold the coordinator's NDJSON event stream open and hand each event to a callback.
 
 The drain notice must reach the engine within a few milliseconds, so the reading path is kept
-as short as it can be: a plain socket (``TCP_NODELAY``), the HTTP/1.1 response head parsed
-once, then each chunk appended to a buffer and split on newlines. No HTTP library sits between
-``recv`` and the callback. Two readers share that parser:
+as short as it can be: the transport's socket (``_http``: ``TCP_NODELAY``, the response read
+incrementally), each chunk split on newlines. Two readers share that parser:
 
 - on the engine's asyncio loop (``run_on_loop``): the socket is registered with
   ``loop.add_reader``, so the loop reads the drain line and runs the callback in the very
@@ -14,8 +13,9 @@ once, then each chunk appended to a buffer and split on newlines. No HTTP librar
   loop being free.
 
 Connecting and sending the request happen in the caller's thread either way. ``https``
-coordinators go through httpx in a thread (slower, rare: the coordinator is a sidecar on
-loopback).
+coordinators are read in the caller's thread (``run``) even when a loop is given: a TLS
+socket may hold decrypted bytes that its readiness does not announce (the coordinator is a
+sidecar on loopback, so this is rare).
 """
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
+from worker_client._http import RECV_BYTES, Origin, ResponseReader, connect, request_head
+from worker_client._http import translated as _translated
+from worker_client.errors import CoordinatorRefused, StreamEnded, WorkerUnknown
 
 Event = dict[str, Any]
 
@@ -47,51 +49,22 @@ LOOP_CHECK_S = 1.0
 the stream not silent for too long (only the failure paths depend on it)."""
 
 
-class StreamEnded(Exception):
-    """The coordinator closed the stream (restart, shutdown): open it again."""
-
-
-class WorkerUnknown(Exception):
-    """404: the coordinator does not know this worker (it restarted without state): register."""
-
-
-class StreamRefused(Exception):
-    """Any other non-200 answer to the stream request."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"event stream answered {status}")
-        self.status = status
-
-
 class StreamParser:
-    """Incremental parser of the stream's bytes: the response head, then NDJSON lines in a
-    chunked (or plain) body. ``feed`` returns the complete events so far and raises
-    WorkerUnknown / StreamRefused on the head, StreamEnded on the last chunk."""
+    """Incremental parser of the stream's bytes: the response head, then NDJSON lines.
+    ``feed`` returns the complete events so far and raises WorkerUnknown or
+    CoordinatorRefused on the head, StreamEnded at the body's end, ValueError on garbage."""
 
     def __init__(self) -> None:
-        self._raw = bytearray()
+        self._reader = ResponseReader()
         self._body = bytearray()
-        self._head_done = False
-        self._chunked = False
 
     def feed(self, data: bytes) -> list[Event]:
-        self._raw += data
-        if not self._head_done:
-            end = self._raw.find(b"\r\n\r\n")
-            if end < 0:
-                return []
-            status, self._chunked = _parse_head(bytes(self._raw[:end]))
-            del self._raw[: end + 4]
-            if status == 404:
-                raise WorkerUnknown()
-            if status != 200:
-                raise StreamRefused(status)
-            self._head_done = True
-        if self._chunked:
-            _dechunk(self._raw, self._body)
-        else:
-            self._body += self._raw
-            self._raw.clear()
+        self._body += self._reader.feed(data)
+        status = self._reader.status
+        if status == 404:
+            raise WorkerUnknown("the coordinator does not know this worker's stream")
+        if status is not None and status != 200:
+            raise CoordinatorRefused(status, "event stream refused")
         events: list[Event] = []
         body = self._body
         while (nl := body.find(b"\n")) >= 0:
@@ -99,16 +72,20 @@ class StreamParser:
             del body[: nl + 1]
             if line.strip():
                 events.append(json.loads(line))
+        if self._reader.complete:
+            raise StreamEnded("last chunk")
         return events
 
 
 class EventStream:
-    """One open event stream; ``run``/``run_on_loop`` block until it ends, ``close`` ends it
-    from anywhere."""
+    """One open event stream; ``run``/``run_on_loop`` block until it ends (raising why),
+    ``close`` ends it from anywhere."""
 
     def __init__(self, url: str, headers: Mapping[str, str]) -> None:
-        self._url = url
-        self._headers = dict(headers)
+        self._origin = Origin.of(url)
+        parts = urlsplit(url)
+        self._target = parts.path + (f"?{parts.query}" if parts.query else "")
+        self._headers = {**headers, "Accept": "application/x-ndjson"}
         self._sock: socket.socket | None = None
         self._reader: _LoopReader | None = None
         self._closed = threading.Event()
@@ -127,74 +104,50 @@ class EventStream:
 
     def run(self, on_event: Callable[[Event], None]) -> None:
         """Read events in this thread until the stream ends; raises StreamEnded,
-        WorkerUnknown, OSError..."""
-        if urlsplit(self._url).scheme == "https":
-            self._run_httpx(on_event)
-            return
-        sock = self._open()
-        try:
-            parser = StreamParser()
-            while True:
-                for event in parser.feed(_recv(sock)):
-                    on_event(event)
-        finally:
-            self._sock = None
-            sock.close()
+        WorkerUnknown, CoordinatorRefused, CoordinatorUnreachable, ProtocolError."""
+        with _translated("event stream"):
+            sock = self._open()
+            try:
+                parser = StreamParser()
+                while True:
+                    for event in parser.feed(_recv(sock)):
+                        on_event(event)
+            finally:
+                self._sock = None
+                sock.close()
 
     def run_on_loop(self, loop: asyncio.AbstractEventLoop,
                     on_event: Callable[[Event], None]) -> None:
         """Connect from this thread, then let ``loop`` read the stream and call ``on_event``
         on the loop; block this thread until the stream ends (raises like ``run``)."""
-        if urlsplit(self._url).scheme == "https":
-            self._run_httpx(on_event)
+        if self._origin.tls:
+            self.run(on_event)
             return
-        sock = self._open()
-        sock.setblocking(False)
-        reader = _LoopReader(loop, sock, on_event)
-        self._reader = reader
-        try:
-            loop.call_soon_threadsafe(reader.attach)
-            reader.wait(self._closed)
-        finally:
-            self._reader = None
-            self._sock = None
-            sock.close()
+        with _translated("event stream"):
+            sock = self._open()
+            sock.setblocking(False)
+            reader = _LoopReader(loop, sock, on_event)
+            self._reader = reader
+            try:
+                loop.call_soon_threadsafe(reader.attach)
+                reader.wait(self._closed)
+            finally:
+                self._reader = None
+                self._sock = None
+                sock.close()
 
     def _open(self) -> socket.socket:
-        parts = urlsplit(self._url)
-        sock = socket.create_connection(
-            (parts.hostname or "127.0.0.1", parts.port or 80), timeout=CONNECT_TIMEOUT_S
-        )
+        sock = connect(self._origin, CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
         self._sock = sock
         try:
             if self._closed.is_set():
                 raise StreamEnded("closed")
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(READ_TIMEOUT_S)
-            target = parts.path + (f"?{parts.query}" if parts.query else "")
-            head = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}"]
-            head += ["Accept: application/x-ndjson"]
-            head += [f"{k}: {v}" for k, v in self._headers.items()]
-            sock.sendall(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+            sock.sendall(request_head("GET", self._target, self._origin, self._headers))
         except BaseException:
             self._sock = None
             sock.close()
             raise
         return sock
-
-    def _run_httpx(self, on_event: Callable[[Event], None]) -> None:
-        timeout = httpx.Timeout(CONNECT_TIMEOUT_S, read=READ_TIMEOUT_S)
-        with httpx.stream("GET", self._url, headers=self._headers, timeout=timeout) as resp:
-            if resp.status_code == 404:
-                raise WorkerUnknown()
-            if resp.status_code != 200:
-                raise StreamRefused(resp.status_code)
-            for line in resp.iter_lines():
-                if self._closed.is_set():
-                    break
-                if line.strip():
-                    on_event(json.loads(line))
-        raise StreamEnded("stream closed")
 
 
 class _LoopReader:
@@ -227,7 +180,7 @@ class _LoopReader:
 
     def _readable(self) -> None:
         try:
-            data = self._sock.recv(65536)
+            data = self._sock.recv(RECV_BYTES)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
@@ -264,8 +217,8 @@ class _LoopReader:
                 self._error = StreamEnded("the engine's loop closed")
                 break
             if time.monotonic() - self._last_data > READ_TIMEOUT_S or closed.is_set():
-                reason = StreamEnded("closed") if closed.is_set() else TimeoutError(
-                    "no ping from the coordinator")
+                reason = StreamEnded("closed" if closed.is_set() else
+                                     "no ping from the coordinator")
                 if not self._loop.is_running():
                     self.finish(reason)  # no loop thread to race with
                     break
@@ -277,29 +230,7 @@ class _LoopReader:
 
 
 def _recv(sock: socket.socket) -> bytes:
-    data = sock.recv(65536)
+    data = sock.recv(RECV_BYTES)
     if not data:
         raise StreamEnded("connection closed")
     return data
-
-
-def _parse_head(head: bytes) -> tuple[int, bool]:
-    lines = head.split(b"\r\n")
-    status = int(lines[0].split(b" ", 2)[1])
-    chunked = any(
-        line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower()
-        for line in lines[1:]
-    )
-    return status, chunked
-
-
-def _dechunk(raw: bytearray, body: bytearray) -> None:
-    """Move every complete chunk from ``raw`` to ``body``; keep a partial one in ``raw``."""
-    while (eol := raw.find(b"\r\n")) >= 0:
-        size = int(bytes(raw[:eol]).split(b";", 1)[0], 16)
-        if size == 0:
-            raise StreamEnded("last chunk")
-        if len(raw) < eol + 2 + size + 2:
-            return
-        body += raw[eol + 2 : eol + 2 + size]
-        del raw[: eol + 2 + size + 2]

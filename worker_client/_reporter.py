@@ -3,7 +3,8 @@
 Handed-back requests and in-flight counts are collected for a short coalescing window and sent
 as one ``POST /workers/{id}/report``: a drain interrupts every request of a worker within one
 loop iteration, so a window of a few milliseconds turns a burst of handoffs into one call.
-Nothing is sent per token. ``prekill_done`` is sent at once.
+Nothing is sent per token. ``prekill_done`` is sent at once. A report that failed is put
+back and retried (``_retry``: doubling pauses, cut short by anything new to report).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from worker_client.errors import CoordinatorRefused
+from tenacity import Retrying, retry_if_exception
+
+from worker_client._retry import report_retryable, report_wait
 
 log = logging.getLogger("worker_client")
 
@@ -28,15 +31,6 @@ MAX_REPORT_CHARS = 256_000
 """Characters of request ids and details in one report at most (the first handoff always
 fits): even if every one were escaped in the JSON (6 bytes each), the body stays under the
 smallest limit a coordinator may be given (2 MiB)."""
-
-RETRY_DELAY_S = 0.05
-"""First pause after a failed report; doubles up to MAX_RETRY_DELAY_S."""
-MAX_RETRY_DELAY_S = 1.0
-
-RETRIED_REFUSALS = frozenset({404, 408, 429})
-"""Refusals a later attempt can fix: an unknown worker (the client registers again), a body
-too slow, a limit reached. Any other 4xx (an invalid report, a bad token) would be refused
-forever: such a report is dropped and logged."""
 
 Report = dict[str, Any]
 
@@ -117,51 +111,57 @@ class Reporter:
                 or self._notified_at is not None)
 
     def _run(self) -> None:
-        delay = RETRY_DELAY_S
-        while True:
-            with self._cond:
-                while not self._closed and not (self._enabled and self._has_pending()):
-                    if not self._has_pending():
-                        self._idle.set()
-                    self._cond.wait()
-                if self._closed:
-                    return
-                # 1. Let the burst gather for the rest of the window.
-                assert self._first_pending_at is not None
-                while (left := self._first_pending_at + self._window_s - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                # 2. Take the batch.
-                report: Report = {}
-                taken = batch_size(self._handoffs)
-                if taken:
-                    report["handoffs"] = self._handoffs[:taken]
-                if self._inflight is not None:
-                    report["inflight"] = self._inflight
-                if self._prekill_done:
-                    report["prekill_done"] = True
-                if self._notified_at is not None:
-                    report["notified_at"] = self._notified_at
-                self._handoffs = self._handoffs[taken:]
-                self._inflight, self._prekill_done, self._notified_at = None, False, None
-                # What did not fit goes out next, without another window.
-                self._first_pending_at = (time.monotonic() - self._window_s
-                                          if self._handoffs else None)
-            # 3. Send it; on a failure a later attempt can fix, put it back and back off.
-            try:
-                self._post(report)
-                delay = RETRY_DELAY_S
-            except CoordinatorRefused as exc:
-                if exc.status in RETRIED_REFUSALS:
-                    delay = self._put_back(report, delay)
-                else:
-                    log.error("%s; dropping the report (%d handoffs)", exc,
-                              len(report.get("handoffs", ())))
-            except Exception:
-                delay = self._put_back(report, delay)
+        # One tenacity run per report taken: the pause after a failure grows (``_retry``)
+        # until a report is sent, and starts over with the next one. Closing ends the run.
+        retrying = Retrying(retry=retry_if_exception(report_retryable), wait=report_wait(),
+                            sleep=self._pause, reraise=True)
+        while not self._closed:
+            retrying(self._send_next)
 
-    def _put_back(self, report: Report, delay: float) -> float:
-        """Keep a report that failed for the next attempt (newer in-flight counts win), wait
-        ``delay``; returns the next delay."""
+    def _send_next(self) -> None:
+        """Wait for something to report, take one batch and post it; on a failure a later
+        attempt can fix, put it back (the next attempt takes it again, with what came
+        meanwhile) and raise; one no attempt can fix is dropped and logged."""
+        with self._cond:
+            while not self._closed and not (self._enabled and self._has_pending()):
+                if not self._has_pending():
+                    self._idle.set()
+                self._cond.wait()
+            if self._closed:
+                return
+            # 1. Let the burst gather for the rest of the window.
+            assert self._first_pending_at is not None
+            while (left := self._first_pending_at + self._window_s - time.monotonic()) > 0:
+                self._cond.wait(left)
+            # 2. Take the batch.
+            report: Report = {}
+            taken = batch_size(self._handoffs)
+            if taken:
+                report["handoffs"] = self._handoffs[:taken]
+            if self._inflight is not None:
+                report["inflight"] = self._inflight
+            if self._prekill_done:
+                report["prekill_done"] = True
+            if self._notified_at is not None:
+                report["notified_at"] = self._notified_at
+            self._handoffs = self._handoffs[taken:]
+            self._inflight, self._prekill_done, self._notified_at = None, False, None
+            # What did not fit goes out next, without another window.
+            self._first_pending_at = (time.monotonic() - self._window_s
+                                      if self._handoffs else None)
+        # 3. Send it.
+        try:
+            self._post(report)
+        except Exception as exc:
+            if not report_retryable(exc):
+                log.error("%s; dropping the report (%d handoffs)", exc,
+                          len(report.get("handoffs", ())))
+                return
+            self._put_back(report)
+            raise
+
+    def _put_back(self, report: Report) -> None:
+        """Keep a report that failed for the next attempt (newer in-flight counts win)."""
         with self._cond:
             self._handoffs[:0] = report.get("handoffs", [])
             if self._inflight is None and "inflight" in report:
@@ -170,8 +170,11 @@ class Reporter:
             if self._notified_at is None:
                 self._notified_at = report.get("notified_at")
             self._first_pending_at = time.monotonic()
-            self._cond.wait(delay)
-        return min(delay * 2, MAX_RETRY_DELAY_S)
+
+    def _pause(self, seconds: float) -> None:
+        """tenacity's sleep: anything new to report (or closing) cuts it short."""
+        with self._cond:
+            self._cond.wait(seconds)
 
 
 def batch_size(handoffs: list[dict[str, Any]]) -> int:

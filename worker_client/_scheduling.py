@@ -27,6 +27,8 @@ import platform
 import struct
 import sys
 
+from worker_client.errors import InvalidSetting
+
 log = logging.getLogger("worker_client")
 
 MIN_SLICE_US = 100
@@ -43,9 +45,9 @@ _FAIR_POLICIES = {getattr(os, "SCHED_OTHER", 0), getattr(os, "SCHED_BATCH", 3)}
 
 
 def check_slice(slice_us: int) -> int:
-    """``slice_us`` if the kernel can take it, else ValueError."""
+    """``slice_us`` if the kernel can take it, else InvalidSetting (a ValueError)."""
     if not MIN_SLICE_US <= slice_us <= MAX_SLICE_US:
-        raise ValueError(
+        raise InvalidSetting(
             f"latency_slice_us must be {MIN_SLICE_US}..{MAX_SLICE_US}, not {slice_us}")
     return slice_us
 

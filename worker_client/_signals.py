@@ -259,7 +259,7 @@ def install_graceful_shutdown(
             loop = asyncio.get_running_loop()
         except RuntimeError:
             loop = None
-    if loop is not None and client._loop is None:
+    if loop is not None and client.loop is None:
         client.attach_loop(loop)
     graceful = GracefulShutdown(client, loop, signals, drain_wait_s).install()
     client.on_close(graceful.settle)

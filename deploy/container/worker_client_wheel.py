@@ -33,7 +33,7 @@ DIST = "shutdown-coordinator-worker-client"
 """The distribution's name (``pip show`` and ``pip uninstall`` know it by this name)."""
 PACKAGES = ("worker_client", "shutdown_wire")
 """What the wheel holds: the client and what it imports of the project."""
-REQUIRES = ("httpx", "tenacity")
+REQUIRES = ("tenacity",)
 """The third-party packages ``worker_client`` imports (tests/deploy checks its imports); their
 version bounds are the project's, read from ``pyproject.toml``."""
 ZIP_DATE = (1980, 1, 1, 0, 0, 0)

@@ -374,7 +374,7 @@ def test_the_worker_client_wheel_is_reproducible_and_says_what_pyproject_says(
                if p.is_file() and "__pycache__" not in p.parts}
     assert {n for n in names if not n.split("/")[0].endswith(".dist-info")} == sources
     wanted = [d for d in project["dependencies"]
-              if Requirement(d).name in ("httpx", "tenacity")]
+              if Requirement(d).name in ("tenacity",)]
     assert [line.split(": ", 1)[1] for line in lines if line.startswith("Requires-Dist:")] \
         == wanted
     assert f"Version: {project['version']}" in lines
@@ -417,7 +417,7 @@ def test_the_installer_puts_worker_client_into_an_engine_python_that_has_no_pip(
     tmp_path: Path
 ) -> None:
     """1. An engine's Python: a virtual environment without pip (as uv makes them), which
-    already has httpx and tenacity (their installed files, as engine images carry them) and
+    already has tenacity (its installed files, as engine images carry them) and
     nothing of this project.
     2. The installer runs with it as ``python3`` on PATH, offline (``PIP_NO_INDEX``), with
     the repository's hook and a wheel built by worker_client_wheel.py.
@@ -435,14 +435,14 @@ def test_the_installer_puts_worker_client_into_an_engine_python_that_has_no_pip(
         capture_output=True, text=True, check=True).stdout.strip())
     assert not (purelib / "pip").exists()
     deps = tmp_path / "engine-packages"
-    _copy_installed(("httpx", "tenacity"), deps)
+    _copy_installed(("tenacity",), deps)
     (purelib / "engine-packages.pth").write_text(f"{deps}\n")
     path = f"{engine / 'bin'}:/usr/bin:/bin"
     env = {"PATH": path, "HOME": str(tmp_path), "PIP_NO_INDEX": "1",
            "PIP_CONFIG_FILE": os.devnull, "HOOK": str(DRAIN_HOOK), "LC_ALL": "C.UTF-8"}
     done = _installer(env, wheels)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Requirement already satisfied: httpx" in done.stdout
+    assert "Requirement already satisfied: tenacity" in done.stdout
     if shutil.which("uv", path=path) is None:
         assert "installing with pip" in done.stdout
         assert (purelib / "pip").is_dir()  # bootstrapped by ensurepip

@@ -11,8 +11,8 @@ import pytest
 
 from tests.service.servers import register, start_coordinator
 from tests.support.processes import ProcessJanitor
-from worker_client._registration import _retryable
 from worker_client._reporter import MAX_HANDOFFS_PER_REPORT, Reporter
+from worker_client._retry import registration_retryable
 from worker_client.errors import CoordinatorRefused
 
 BURST = 12_000
@@ -102,7 +102,4 @@ def test_a_report_refused_for_good_is_dropped_not_retried_forever(
 @pytest.mark.parametrize(("status", "retried"), [(429, True), (408, True), (503, True),
                                                  (422, False), (401, False)])
 def test_registration_retries_what_a_later_attempt_can_fix(status: int, retried: bool) -> None:
-    request = httpx.Request("POST", "http://127.0.0.1/workers")
-    error = httpx.HTTPStatusError("x", request=request,
-                                  response=httpx.Response(status, request=request))
-    assert _retryable(error) is retried
+    assert registration_retryable(CoordinatorRefused(status, "x")) is retried
