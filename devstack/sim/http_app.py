@@ -9,47 +9,37 @@ tests and hooks: ``POST /internal/stand_down`` (stand the child watchdog down) a
 ``POST /internal/handoff`` (hand every in-flight request back; ``/internal/resume`` undoes).
 ``GET /metrics``: the in-flight gauges in SGLang's Prometheus format (what SGLang serves with
 ``--enable-metrics``), so a coordinator's engine probe waits on the simulated engine as on a
-real one.
+real one. Chat completions and the calls real routers probe an engine with are
+``openai_api.py``'s.
 """
 
 from __future__ import annotations
 
-import json
 import time
-import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from devstack.sim.openai_api import EngineControls, ServedModel, openai_routes
 from devstack.sim.streams import CompletionStreams, HandedBack, Token
-from worker_client import handed_back_event
+from devstack.sim.wire import (
+    DEFAULT_MAX_TOKENS,
+    MAX_TOKENS_LIMIT,
+    MODEL_NAME,
+    error,
+    handed_back,
+    parse_body,
+    request_id,
+    sse,
+    sse_response,
+)
 
-MODEL_NAME = "sim"
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-DEFAULT_MAX_TOKENS = 16
-MAX_TOKENS_LIMIT = 100_000
-
-
-class EngineControls(Protocol):
-    """What the HTTP layer needs from the main process besides token generation."""
-
-    def stand_down_watchdog(self) -> bool: ...
-
-    def health(self) -> dict[str, Any]: ...
-
-
-def _error(status: int, detail: str) -> JSONResponse:
-    return JSONResponse({"detail": detail}, status_code=status)
-
-
-def _sse(data: dict[str, Any] | str) -> bytes:
-    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
-    return f"data: {body}\n\n".encode()
 
 
 def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
@@ -67,10 +57,6 @@ def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
             }
         ],
     }
-
-
-def _handed_back(event: HandedBack) -> dict[str, Any]:
-    return handed_back_event(event.request_id, event.tokens)
 
 
 def _inflight_gauges(running: int) -> str:
@@ -105,28 +91,22 @@ def _parse_completion(body: Any) -> tuple[str, int, bool] | str:
     return prompt, max_tokens, stream
 
 
-def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette:
-    """The ASGI app of the main process."""
+def build_app(
+    streams: CompletionStreams, controls: EngineControls, served: ServedModel | None = None
+) -> Starlette:
+    """The ASGI app of the main process; ``served`` describes it to routers' probes."""
 
     async def completions(request: Request) -> Response:
-        try:
-            body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return _error(400, "the body is not valid JSON")
-        parsed = _parse_completion(body)
-        if isinstance(parsed, str):
-            return _error(422, parsed)
+        parsed = await parse_body(request, _parse_completion)
+        if isinstance(parsed, Response):
+            return parsed
         prompt, max_tokens, stream = parsed
-        request_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
+        rid = request_id(request, "cmpl")
         created = int(time.time())
-        events = streams.generate(request_id, prompt, max_tokens)
+        events = streams.generate(rid, prompt, max_tokens)
         if stream:
-            return StreamingResponse(
-                _sse_events(request_id, created, events),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Request-Id": request_id},
-            )
-        return await _whole_completion(request_id, created, events)
+            return sse_response(_sse_events(rid, created, events), rid)
+        return await _whole_completion(rid, created, events)
 
     async def health(request: Request) -> Response:
         return JSONResponse(controls.health())
@@ -147,7 +127,7 @@ def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette
 
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
-        return _error(exc.status_code, exc.detail)
+        return error(exc.status_code, exc.detail)
 
     return Starlette(
         exception_handlers={HTTPException: http_error},
@@ -158,6 +138,7 @@ def build_app(streams: CompletionStreams, controls: EngineControls) -> Starlette
             Route("/internal/stand_down", stand_down, methods=["POST"]),
             Route("/internal/handoff", handoff, methods=["POST"]),
             Route("/internal/resume", resume, methods=["POST"]),
+            *openai_routes(streams, controls, served or ServedModel()),
         ],
     )
 
@@ -167,10 +148,10 @@ async def _sse_events(
 ) -> AsyncIterator[bytes]:
     async for event in events:
         if isinstance(event, HandedBack):
-            yield _sse(_handed_back(event))
+            yield sse(handed_back(event))
             return
-        yield _sse(_chunk(request_id, created, event))
-    yield _sse("[DONE]")
+        yield sse(_chunk(request_id, created, event))
+    yield sse("[DONE]")
 
 
 async def _whole_completion(
@@ -179,7 +160,7 @@ async def _whole_completion(
     text: list[str] = []
     async for event in events:
         if isinstance(event, HandedBack):
-            return JSONResponse({**_handed_back(event), "text": "".join(text)})
+            return JSONResponse({**handed_back(event), "text": "".join(text)})
         text.append(event.text)
     return JSONResponse(
         {

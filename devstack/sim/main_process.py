@@ -30,6 +30,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,7 @@ from devstack.sim.errors import SimArgumentError, SimStartupError
 from devstack.sim.http_app import build_app
 from devstack.sim.knobs import EngineKnobs
 from devstack.sim.linux import send_signal
+from devstack.sim.openai_api import ServedModel
 from devstack.sim.records import (
     CLEANUP_INTERRUPTED,
     RecordWriter,
@@ -161,7 +163,7 @@ class EngineMain:
         )
         self.watchdog.start()
         config = uvicorn.Config(
-            build_app(self.streams, self),
+            build_app(self.streams, self, self.served_model()),
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -173,6 +175,12 @@ class EngineMain:
         if self.worker_client is not None:
             self.worker_client.close()
         return code
+
+    def served_model(self) -> ServedModel:
+        """How this engine describes itself to routers (``/server_info``, ``/v1/models``)."""
+        k = self.knobs
+        return ServedModel(tp_size=1 if k.dp > 0 else max(k.schedulers, 1),
+                           dp_size=max(k.dp, 1), created=int(time.time()))
 
     def _connect_to_coordinator(self) -> None:
         # Imported here: the engine without --coordinator does not need worker_client.
