@@ -1,9 +1,9 @@
 """The coordinator's settings: typed, documented fields, each also read from the environment.
 
 Every field reads ``SHUTDOWN_COORDINATOR_<FIELD>`` (upper case); a command-line flag given to
-``serve`` wins over the environment. Lists (``ADOPT_PIDS``, ``ADOPT_PATTERNS``) accept a JSON
-list or a comma-separated string; ``ADOPT_TIERS`` a JSON list or one tier per line (regular
-expressions may hold commas).
+``serve`` wins over the environment. Lists (``ADOPT_PIDS``, ``ADOPT_PATTERNS``, ``ROUTERS``)
+accept a JSON list or a comma-separated string; ``ADOPT_TIERS`` a JSON list or one tier per
+line (regular expressions may hold commas).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from coordinator.engines import PROFILES, EngineName
 from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
+from coordinator.router_settings import RouterSpec, http_url, parse_router
 from coordinator.tier_settings import parse_tiers
 
 ENV_PREFIX = "SHUTDOWN_COORDINATOR_"
@@ -112,6 +113,21 @@ class Settings(BaseSettings):
         default_factory=lambda: list(DEFAULT_INFLIGHT_METRICS))
     """The gauges whose sum is the engine's in-flight requests. Default: vLLM's and SGLang's
     running and waiting requests (an engine exports only its own)."""
+    routers: Annotated[list[RouterSpec], NoDecode] = Field(default_factory=list)
+    """Routers in front of this pod's engine, ``KIND=URL`` each (``smg``, ``vllm-router``,
+    ``reference``; see ``coordinator.router_settings``): at a drain's first millisecond each
+    is told through its own API to send the engine nothing new, and on an abort to send it
+    requests again (``coordinator.service.router_adapters``). A router that cannot be reached
+    never holds the drain: each call is bounded and retried, and its failure is shown in
+    ``/status`` ``routers`` and the metrics."""
+    router_worker_url: str | None = Field(None, max_length=2048)
+    """How the routers know this pod's engine (``http://POD_IP:PORT``, as the router was given
+    it; in Kubernetes from the pod's IP through the downward API). Needed by ``smg`` and
+    ``vllm-router`` routers."""
+    router_token_file: Path | None = None
+    """File holding smg's control-plane key (``--control-plane-api-keys``), sent as
+    ``Authorization: Bearer`` on its ``/workers`` calls. Unset: none sent (smg's control
+    plane open). An empty or unreadable file refuses the start."""
     confine_to_pid: int | None = Field(None, ge=1)
     """Hardening: only register or adopt processes descending from this PID (or the PID
     itself). Unset: any process the coordinator may see, except the refused ones."""
@@ -180,6 +196,19 @@ class Settings(BaseSettings):
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
+
+    @field_validator("router_worker_url")
+    @classmethod
+    def _worker_url(cls, value: str | None) -> str | None:
+        return http_url(value) if value is not None else None
+
+    @field_validator("routers", mode="before")
+    @classmethod
+    def _routers_from_text(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        return [parse_router(item) if isinstance(item, str) else item
+                for item in _split_list(value)]
 
     @field_validator("adopt_pids", "adopt_patterns", "engine_inflight_metrics", mode="before")
     @classmethod

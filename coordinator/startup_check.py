@@ -5,7 +5,10 @@ that are legal but probably not meant, and the effective settings it runs with.
     refusals (exit 2, nothing listens)
     ├── a value outside its bounds, or of the wrong type        (--grace-period -1)
     ├── a pattern RE2 does not accept                           (--adopt-pattern '([x')
-    └── a safety margin that leaves no budget                   (--safety-margin >= --grace-period)
+    ├── a router written wrong                                  (--router nginx=http://x)
+    ├── a safety margin that leaves no budget                   (--safety-margin >= --grace-period)
+    ├── an smg or vllm-router router without --router-worker-url (nothing to name to it)
+    └── a --router-token-file that is empty or cannot be read
 
     warnings (logged at start, also on stderr)
     ├── an environment variable with the prefix that names no setting
@@ -24,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from coordinator.drain.budget import split_budget, total_budget
+from coordinator.router_settings import NEEDS_WORKER_URL
 from coordinator.settings import ENV_PREFIX, Settings
 
 CLIENT_VARIABLES = frozenset({"URL", "TOKEN", "TOKEN_FILE"})
@@ -59,7 +63,42 @@ def refusals(settings: Settings) -> list[str]:
             f"--safety-margin {settings.safety_margin_s:g} is not less than --grace-period "
             f"{settings.grace_period_s:g}: the drain would have no time of its own (the "
             "budget is the grace period minus the margin)")
+    problems.extend(router_refusals(settings))
     return problems
+
+
+def router_refusals(settings: Settings) -> list[str]:
+    """Routers that could not be told anything: no worker URL to name, no key to send."""
+    problems = []
+    naming = sorted({r.kind for r in settings.routers} & NEEDS_WORKER_URL)
+    if naming and settings.router_worker_url is None:
+        problems.append(
+            f"--router {', '.join(naming)} needs --router-worker-url (env "
+            f"{env_name('router_worker_url')}): the engine's URL as the router knows it "
+            "(http://POD_IP:PORT), or the router cannot be told which worker drains")
+    if settings.router_token_file is not None:
+        try:
+            read_router_token(settings)
+        except ValueError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def read_router_token(settings: Settings) -> str | None:
+    """smg's control-plane key from ``--router-token-file``; ``ValueError`` in the operator's
+    words when the file is empty or cannot be read."""
+    path = settings.router_token_file
+    if path is None:
+        return None
+    where = f"--router-token-file {path} (env {env_name('router_token_file')})"
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{where}: cannot be read ({exc})") from exc
+    if not token:
+        raise ValueError(f"{where} is empty: write smg's control-plane key into it, or "
+                         "remove the setting to send none")
+    return token
 
 
 def unknown_variables(environ: Mapping[str, str], fields: Iterable[str]) -> list[str]:
@@ -106,4 +145,6 @@ def effective(settings: Settings) -> dict[str, Any]:
         "adopt_tiers": [t.name for t in settings.adopt_tiers],
         "state_file": str(settings.state_file) if settings.state_file else None,
         "engine_metrics_url": settings.engine_metrics_url,
+        "routers": [str(r) for r in settings.routers],
+        "router_worker_url": settings.router_worker_url,
     }

@@ -45,6 +45,10 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--engine", "engine", str,
      "the engine's profile: vllm, sglang, dynamo, trtllm, tgi or generic (default): adoption "
      "patterns, kill tiers and in-flight probe for an engine that does not register"),
+    ("--router-worker-url", "router_worker_url", str,
+     "how the --router routers know this pod's engine (http://POD_IP:PORT)"),
+    ("--router-token-file", "router_token_file", Path,
+     "file holding smg's control-plane key (sent as Authorization: Bearer)"),
     ("--confine-to-pid", "confine_to_pid", int,
      "only register or adopt processes descending from this PID"),
     ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),
@@ -77,6 +81,7 @@ _METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
 _REPEATED_FLAGS = {
     "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
     "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
+    "routers": "--router",
     "allow_unauthenticated_network": "--allow-unauthenticated-network"}
 """The flags outside ``SERVE_FLAGS`` that name a setting, by field (for refusal messages)."""
 
@@ -114,6 +119,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="a gauge of the engine's in-flight requests (repeatable; default: "
                        "vLLM's and SGLang's running and waiting requests) "
                        f"[env {_env_name('engine_inflight_metrics')}]")
+    serve.add_argument("--router", dest="routers", action="append", default=None,
+                       metavar="KIND=URL", help="a router in front of this pod's engine, told "
+                       "at a drain's start to send it nothing new and on an abort to send it "
+                       "requests again; KIND smg, vllm-router or reference (repeatable) "
+                       f"[env {_env_name('routers')}]")
     serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
                        action="store_const", const=True, default=None,
                        help="serve a non-loopback --host without a token (refused otherwise: "

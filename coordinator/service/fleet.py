@@ -1,7 +1,8 @@
 """The workers' side of a drain: what the drain controller asks of the service (its ``Fleet``
 port), and the events the workers are sent.
 
-    drain_started   the doorbell rung, ``drain`` pushed, every live worker moved to draining
+    drain_started   the doorbell rung, ``drain`` pushed, the routers told (not awaited),
+                    every live worker moved to draining
     migration_settled   no handoff pending, no worker with requests in flight or a report owed
     terminating     ``terminate`` pushed (pre-kill hooks), workers moved; whom to wait for
     kill_targets    registered roots, adopted roots, and what exited workers left behind
@@ -71,6 +72,8 @@ class WorkerFleet:
         if c.doorbell is not None:
             c.doorbell.ring()
         c.notifier.publish(self._drain_event(drain))
+        if c.routers is not None:
+            c.routers.drain_started(drain.deadlines.migration_deadline_at)
         if c.engine_probe is not None:
             c.engine_probe.start()
         for worker in c.registry.alive():
@@ -87,6 +90,8 @@ class WorkerFleet:
         if c.doorbell is not None:
             c.doorbell.reset()  # before the abort line: a worker re-arms when it reads it
         c.notifier.publish({"type": wire.EVENT_ABORT, "generation": c.machine.generation})
+        if c.routers is not None:
+            c.routers.drain_aborted()
         if c.engine_probe is not None:
             c.engine_probe.stop()
         for worker in c.registry.alive():

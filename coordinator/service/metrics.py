@@ -42,7 +42,7 @@ class DrainClock(Collector):
 
 class CoordinatorMetrics:
     """Counters and histograms of drains, phases, process fates, migrations, state file
-    writes, cycles and limits reached."""
+    writes, cycles, limits reached and router calls."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -87,6 +87,15 @@ class CoordinatorMetrics:
             "Requests answered 429 because a bounded collection was full, by its setting "
             "(max_workers, max_handoffs, max_early_acks, max_long_polls, "
             "max_streams_per_worker)", ["limit"], registry=r)
+        self.router_calls = Counter(
+            "shutdown_coordinator_router_calls",
+            "Calls to the routers in front of the engine (--router), by router kind, action "
+            "(remove, restore) and result (ok, failed, cancelled, not_needed)",
+            ["router", "action", "result"], registry=r)
+        self.router_call_seconds = Histogram(
+            "shutdown_coordinator_router_call_seconds",
+            "Time from a drain's start (or abort) to the router's answer, retries included",
+            ["router", "action"], buckets=_EVENT_BUCKETS, registry=r)
         self.drain_clock = DrainClock()
         r.register(self.drain_clock)
         self.set_phase(Phase.SERVING)

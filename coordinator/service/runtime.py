@@ -44,6 +44,7 @@ from coordinator.service.persistence import StateKeeper
 from coordinator.service.process_scan import ProcessScan, Roots
 from coordinator.service.registry import Worker, WorkerRegistry
 from coordinator.service.restore import RestoredState
+from coordinator.service.router_adapters import RouterAdapters
 from coordinator.service.status_view import StatusView
 from coordinator.service.worker_moves import WorkerMove, WorkerState, after, apply
 from coordinator.settings import Settings
@@ -82,6 +83,12 @@ class Coordinator:
             EngineProbe(settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
                         on_change=self.bump)
             if settings.engine_metrics_url else None)
+        self.routers = (
+            RouterAdapters(settings.routers, settings.router_worker_url,
+                           startup_check.read_router_token(settings), self.metrics,
+                           on_change=self.bump)
+            if settings.routers else None)
+        """The routers told of a drain's start and abort through their own API."""
         self._loop_ready = False
         self._notify_pending = False
         self._sweeper: asyncio.Task[None] | None = None
@@ -141,6 +148,8 @@ class Coordinator:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         await self.scan.stop()
         await self.controller.close()
+        if self.routers is not None:
+            await self.routers.close()
         self.registry.close()
         await self.writer.close()
         if self.doorbell is not None:

@@ -115,6 +115,7 @@ class StatusView:
                                 if c.engine_probe is not None else None),
             "main_handover": {"waiting": controller.handover.waiting,
                               "handed": controller.handover.handed},
+            "routers": c.routers.to_status() if c.routers is not None else [],
         }
         if processes:
             entries = self.process_list()

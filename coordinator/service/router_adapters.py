@@ -1,0 +1,361 @@
+"""Routers told through their own API that this pod's engine drains, and that it serves again.
+
+smg and vllm-router are Rust binaries: they cannot run a watcher of ours, but both have a
+worker API. The coordinator knows a drain's first millisecond, so it calls them
+(docs/routers.md has what each call was seen to do):
+
+    router        drain started                                 drain aborted
+    smg           GET /workers (the id, by URL), PATCH its       GET /workers; once the worker
+                  settle time, DELETE /workers/{id}: draining    left, POST /workers {"url"}
+    vllm-router   POST /remove_worker?url=…                      POST /add_worker?url=…
+    reference     nothing: it watches this coordinator's /status
+
+Every call:
+
+    1. runs in a task of its own: the drain never waits for it (``drain_started`` returns at
+       once), and a call still running when the drain is aborted is cancelled for the
+       restore;
+    2. is bounded: ``CALL_BUDGET_S`` in all, never past the drain's migration deadline, each
+       attempt at most ``ATTEMPT_TIMEOUT_S``;
+    3. is retried with backoff (tenacity) while the failure may pass (not reachable, a 5xx,
+       smg still settling the worker's removal), not when the router refuses it (a 4xx);
+    4. ends in one state per router in ``/status`` ``routers``, one count in
+       ``shutdown_coordinator_router_calls_total{router,action,result}`` and one log line;
+       "already gone" (removing a worker the router no longer lists, adding one it lists) is
+       success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
+from tenacity.stop import stop_base
+
+from coordinator.router_settings import RouterSpec
+
+if TYPE_CHECKING:
+    import httpx
+
+    from coordinator.service.metrics import CoordinatorMetrics
+
+log = logging.getLogger(__name__)
+
+CALL_BUDGET_S = 3.0
+"""One removal or restore, every attempt and wait included. Taking a worker out answers in a
+few milliseconds on both routers; 3 s rides out a router restarting or a busy node, and is
+small against a drain's migration window (cut to it when that is shorter)."""
+ATTEMPT_TIMEOUT_S = 1.0
+"""One attempt at most (vllm-router's ``add_worker`` checks the worker's health first)."""
+FIRST_WAIT_S = 0.02
+MAX_WAIT_S = 0.5
+"""Backoff between attempts: 20 ms doubling up to 500 ms."""
+SMG_SETTLE_S = 1
+"""smg's ``drain_settle_secs`` set on the worker before its removal (smg's default is 5 s):
+the worker is ``draining`` at once either way, open streams end whole either way (verified),
+and smg refuses to add the worker back until it left, so a shorter settle makes an abort
+restore it sooner."""
+
+
+class Retryable(Exception):
+    """A failure that may pass: not reachable, a timeout, a 5xx, a worker still settling."""
+
+
+class Refused(Exception):
+    """The router refused the call (a 4xx other than the ones that mean "already done")."""
+
+
+# --- the retry policy: pure, tested without sleeping -----------------------------------------
+
+def call_deadline(now: float, now_wall: float, migration_deadline_at: float | None,
+                  budget_s: float = CALL_BUDGET_S) -> float:
+    """The monotonic time a call must end by: ``budget_s`` from ``now``, never past the
+    drain's migration deadline (``migration_deadline_at``, epoch seconds; None: no drain)."""
+    if migration_deadline_at is None:
+        return now + budget_s
+    return now + max(0.0, min(budget_s, migration_deadline_at - now_wall))
+
+
+class stop_at_deadline(stop_base):
+    """Stop when the next attempt would start at or after ``deadline`` (``clock``'s time)."""
+
+    def __init__(self, deadline: float, clock: Callable[[], float]) -> None:
+        self.deadline = deadline
+        self.clock = clock
+
+    def __call__(self, retry_state: RetryCallState) -> bool:
+        return self.clock() + (retry_state.upcoming_sleep or 0.0) >= self.deadline
+
+
+def retrying(deadline: float, clock: Callable[[], float] = time.monotonic,
+             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> AsyncRetrying:
+    """Attempts until one succeeds, the router refuses, or the deadline: backoff from
+    ``FIRST_WAIT_S`` doubling to ``MAX_WAIT_S``; the last failure is raised as it was."""
+    return AsyncRetrying(
+        stop=stop_at_deadline(deadline, clock),
+        wait=wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S, max=MAX_WAIT_S),
+        retry=retry_if_exception_type(Retryable), sleep=sleep, reraise=True)
+
+
+# --- what each router is asked ---------------------------------------------------------------
+
+class Adapter(Protocol):
+    """One attempt of each action; returns a few words on what the router now does."""
+
+    async def remove(self, http: httpx.AsyncClient, attempt_s: float) -> str: ...
+
+    async def restore(self, http: httpx.AsyncClient, attempt_s: float) -> str: ...
+
+
+def check(response: httpx.Response) -> None:
+    """A 2xx passes; a 5xx or 429 may pass on a later attempt; any other answer is refused."""
+    if response.is_success:
+        return
+    text = f"answered {response.status_code}: {response.text[:200]}"
+    if response.status_code >= 500 or response.status_code == 429:
+        raise Retryable(text)
+    raise Refused(text)
+
+
+@dataclass
+class SmgAdapter:
+    """SGLang Model Gateway: its worker API, by id, found by URL (the id changes with every
+    registration)."""
+
+    url: str
+    worker_url: str
+    headers: dict[str, str]
+
+    async def _listed(self, http: httpx.AsyncClient, attempt_s: float) -> dict[str, Any] | None:
+        response = await http.get(f"{self.url}/workers", headers=self.headers, timeout=attempt_s)
+        check(response)
+        for worker in response.json().get("workers", []):
+            if str(worker.get("url", "")).rstrip("/") == self.worker_url:
+                return dict(worker)
+        return None
+
+    async def remove(self, http: httpx.AsyncClient, attempt_s: float) -> str:
+        worker = await self._listed(http, attempt_s)
+        if worker is None:
+            return "not listed (already gone)"
+        if worker.get("status") == "draining":
+            return "draining"
+        path = f"{self.url}/workers/{worker['id']}"
+        for method, body in (("PATCH", {"health": {"drain_settle_secs": SMG_SETTLE_S}}),
+                             ("DELETE", None)):
+            response = await http.request(method, path, json=body, headers=self.headers,
+                                          timeout=attempt_s)
+            if response.status_code == 404:  # removed since it was listed
+                return "not listed (already gone)"
+            check(response)
+        return f"draining, removed after {SMG_SETTLE_S}s"
+
+    async def restore(self, http: httpx.AsyncClient, attempt_s: float) -> str:
+        worker = await self._listed(http, attempt_s)
+        if worker is not None:
+            if worker.get("status") == "draining":
+                raise Retryable("still draining: smg adds it back once it left")
+            return f"listed ({worker.get('status')})"
+        response = await http.post(f"{self.url}/workers", json={"url": self.worker_url},
+                                   headers=self.headers, timeout=attempt_s)
+        if response.status_code == 409:
+            if "IN_PROGRESS" in response.text:
+                return "being added"
+            raise Retryable(f"answered 409: {response.text[:200]}")
+        check(response)
+        return "added back"
+
+
+@dataclass
+class VllmRouterAdapter:
+    """vllm-router: workers added and removed by URL."""
+
+    url: str
+    worker_url: str
+
+    async def remove(self, http: httpx.AsyncClient, attempt_s: float) -> str:
+        check(await http.post(f"{self.url}/remove_worker", params={"url": self.worker_url},
+                              timeout=attempt_s))
+        return "removed"
+
+    async def restore(self, http: httpx.AsyncClient, attempt_s: float) -> str:
+        response = await http.post(f"{self.url}/add_worker", params={"url": self.worker_url},
+                                   timeout=attempt_s)
+        if response.status_code == 400 and "already exists" in response.text:
+            return "listed (already there)"
+        check(response)
+        return "added back"
+
+
+# --- the adapters of one coordinator ---------------------------------------------------------
+
+@dataclass
+class RouterState:
+    """What ``/status`` ``routers`` shows of one router."""
+
+    kind: str
+    url: str
+    state: str = "idle"
+    """``idle`` (no drain yet), ``removing``, ``removed``, ``restoring``, ``restored``,
+    ``failed`` (``action`` says which), or ``watching`` (the reference router: no call)."""
+    action: str | None = None
+    attempts: int = 0
+    error: str | None = None
+    note: str | None = None
+    at: float | None = None
+    """Epoch seconds of the last change."""
+    took_ms: float | None = None
+
+    def to_status(self) -> dict[str, Any]:
+        return {"kind": self.kind, "url": self.url, "state": self.state, "action": self.action,
+                "attempts": self.attempts, "error": self.error, "note": self.note,
+                "at": self.at, "took_ms": self.took_ms}
+
+
+WATCHING_NOTE = "nothing to call: it learns of the drain from this coordinator's /status"
+_DONE = {"remove": "removed", "restore": "restored"}
+_RUNNING = {"remove": "removing", "restore": "restoring"}
+
+
+class RouterAdapters:
+    """Every router of one coordinator, each called in a task of its own."""
+
+    def __init__(self, specs: list[RouterSpec], worker_url: str | None, token: str | None,
+                 metrics: CoordinatorMetrics, on_change: Callable[[], None],
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.states = [RouterState(spec.kind, spec.url) for spec in specs]
+        self.adapters: list[Adapter | None] = []
+        for spec in specs:
+            if spec.kind == "reference" or worker_url is None:
+                self.adapters.append(None)
+            elif spec.kind == "smg":
+                headers = {"Authorization": f"Bearer {token}"} if token else {}
+                self.adapters.append(SmgAdapter(spec.url, worker_url, headers))
+            else:
+                self.adapters.append(VllmRouterAdapter(spec.url, worker_url))
+        self.metrics = metrics
+        self._on_change = on_change
+        self._clock = clock
+        self._sleep = sleep
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._http: httpx.AsyncClient | None = None
+        if any(a is not None for a in self.adapters):
+            # Imported and built here, before any drain: the first call pays no set-up.
+            import httpx
+
+            self._http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S)
+
+    def drain_started(self, migration_deadline_at: float) -> None:
+        """Take the worker out of every router (returns at once; step 1)."""
+        self._launch_safely("remove", migration_deadline_at)
+
+    def drain_aborted(self) -> None:
+        """Put the worker back in every router (returns at once)."""
+        self._launch_safely("restore", None)
+
+    def _launch_safely(self, action: str, migration_deadline_at: float | None) -> None:
+        try:
+            self._launch(action, migration_deadline_at)
+        except Exception:  # never into the drain
+            log.exception("the routers could not be told (%s); the drain goes on", action)
+
+    def to_status(self) -> list[dict[str, Any]]:
+        return [s.to_status() for s in self.states]
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._http is not None:
+            await self._http.aclose()
+
+    def _launch(self, action: str, migration_deadline_at: float | None) -> None:
+        deadline = call_deadline(self._clock(), time.time(), migration_deadline_at)
+        for i, adapter in enumerate(self.adapters):
+            state = self.states[i]
+            if adapter is None:
+                state.state, state.action, state.note = "watching", action, WATCHING_NOTE
+                state.at = time.time()
+                self.metrics.router_calls.labels(state.kind, action, "not_needed").inc()
+                continue
+            running = self._tasks.pop(i, None)
+            if running is not None:
+                running.cancel()  # the restore follows whatever the removal got to
+            self._tasks[i] = asyncio.get_running_loop().create_task(
+                self._call(i, adapter, action, deadline), name=f"router-{action}-{i}")
+        self._on_change()
+
+    async def _call(self, i: int, adapter: Adapter, action: str, deadline: float) -> None:
+        state = self.states[i]
+        state.state, state.action, state.attempts = _RUNNING[action], action, 0
+        state.error = state.note = state.took_ms = None
+        state.at = time.time()
+        started = self._clock()
+        assert self._http is not None
+        http = self._http
+        try:
+            if deadline <= started:
+                raise Retryable("no time left before the drain's migration deadline")
+            async with asyncio.timeout(deadline - started):
+                async for attempt in retrying(deadline, self._clock, self._sleep):
+                    with attempt:
+                        state.attempts += 1
+                        attempt_s = max(0.001, min(ATTEMPT_TIMEOUT_S, deadline - self._clock()))
+                        note = await self._attempt(adapter, action, http, attempt_s)
+            self._ended(state, _DONE[action], started, note=note)
+        except asyncio.CancelledError:
+            # The next call (an abort's restore) owns the state from now on, or we stop.
+            self.metrics.router_calls.labels(state.kind, action, "cancelled").inc()
+            log.info("router %s %s: %s cancelled after %d attempt(s)",
+                     state.kind, state.url, action, state.attempts)
+            raise
+        except TimeoutError:
+            self._ended(state, "failed", started,
+                        error=f"no answer within {deadline - started:.3g}s")
+        except (Retryable, Refused) as exc:
+            self._ended(state, "failed", started, error=str(exc))
+        except Exception as exc:  # never into the drain
+            self._ended(state, "failed", started, error=f"{exc.__class__.__name__}: {exc}")
+        finally:
+            if self._tasks.get(i) is asyncio.current_task():
+                del self._tasks[i]
+
+    @staticmethod
+    async def _attempt(adapter: Adapter, action: str, http: httpx.AsyncClient,
+                       attempt_s: float) -> str:
+        import httpx
+
+        try:
+            if action == "remove":
+                return await adapter.remove(http, attempt_s)
+            return await adapter.restore(http, attempt_s)
+        except httpx.TransportError as exc:
+            raise Retryable(f"not reachable ({exc.__class__.__name__}: {exc})") from exc
+        except ValueError as exc:  # a body that is not the JSON expected
+            raise Refused(f"answered nonsense ({exc})") from exc
+
+    def _ended(self, state: RouterState, result: str, started: float, *,
+               note: str | None = None, error: str | None = None) -> None:
+        action = state.action or "?"
+        took = max(0.0, self._clock() - started)
+        state.state = result
+        state.note, state.error, state.at = note, error, time.time()
+        state.took_ms = round(took * 1000, 1)
+        self.metrics.router_calls.labels(state.kind, action,
+                                         "ok" if result in _DONE.values() else result).inc()
+        self.metrics.router_call_seconds.labels(state.kind, action).observe(took)
+        attempts = f"{state.attempts} attempt{'s' if state.attempts != 1 else ''}"
+        if result in _DONE.values():
+            log.info("router %s %s: %s in %.1f ms (%s): %s", state.kind, state.url, action,
+                     took * 1000, attempts, note)
+        else:
+            log.warning("router %s %s: %s failed after %s in %.1f ms: %s; the drain goes on",
+                        state.kind, state.url, action, attempts, took * 1000, error)
+        self._on_change()
