@@ -107,6 +107,21 @@ def _engine_text(reading: dict[str, Any]) -> str:
     return text
 
 
+def _router_text(router: dict[str, Any]) -> str:
+    """A router this pod's engine is taken out of when a drain starts, and how that went."""
+    text = f"{router.get('kind')} {router.get('url')}: {router.get('state')}"
+    details = []
+    if router.get("attempts"):
+        details.append(f"{router['attempts']} attempt" + ("s" if router["attempts"] > 1 else ""))
+    if router.get("took_ms") is not None:
+        details.append(f"{router['took_ms']:.0f} ms")
+    if details:
+        text += f" ({', '.join(details)})"
+    if router.get("error"):
+        text += f": {router['error']}"
+    return text
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """The whole status for a person."""
     now = time.time()
@@ -134,6 +149,7 @@ def status_text(doc: dict[str, Any]) -> str:
     engine = doc.get("engine_inflight")
     if engine:
         out.append(f"engine      {_engine_text(engine)}")
+    out += [f"router      {_router_text(r)}" for r in doc.get("routers") or ()]
     mc = doc.get("migration_counts", {})
     out.append(f"migrations  {len(doc.get('migrations', []))} pending, "
                f"{mc.get('handed_back', 0)} handed back, {mc.get('acked', 0)} acknowledged, "

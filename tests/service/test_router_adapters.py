@@ -22,6 +22,7 @@ from coordinator.exit_codes import USAGE
 from coordinator.router_settings import RouterSpec, RouterSyntaxError, parse_router
 from coordinator.service import router_adapters as ra
 from coordinator.service.metrics import CoordinatorMetrics
+from coordinator.service.render import status_text
 from coordinator.settings import Settings
 
 WORKER = "http://10.0.0.7:8000"
@@ -272,3 +273,18 @@ def test_serve_refuses_bad_router_flags_before_listening(
     assert main(["serve", "--router", f"smg={SMG}", "--router-worker-url", "pod:8000"]) == USAGE
     err = capsys.readouterr().err
     assert "--router-worker-url (env SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL): 'pod:8000'" in err
+
+
+def test_the_status_text_says_what_each_router_adapter_did() -> None:
+    """One line per router: its kind, address and state, the attempts and time it took, and
+    the error of one that failed."""
+    doc = {"phase": "migrating", "generation": 4, "migrations": [], "counts": {}, "workers": [],
+           "routers": [
+               {"kind": "smg", "url": "http://smg:30000", "state": "removed", "attempts": 1,
+                "took_ms": 12.4, "error": None},
+               {"kind": "vllm-router", "url": "http://vr:8000", "state": "failed",
+                "attempts": 3, "took_ms": 3000.0, "error": "not reachable"}]}
+    lines = status_text(doc).splitlines()
+    assert "router      smg http://smg:30000: removed (1 attempt, 12 ms)" in lines
+    assert "router      vllm-router http://vr:8000: failed (3 attempts, 3000 ms): not " \
+           "reachable" in lines
