@@ -9,9 +9,7 @@ phase → 409.
 from __future__ import annotations
 
 import asyncio
-import json
-import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
@@ -34,15 +32,16 @@ from coordinator.service.fast_status import (
     limit_headers,
     long_poll,
 )
+from coordinator.service.invalid_input import invalid_input
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
 from coordinator.service.openapi_doc import AT_THE_DOOR, GUARDED, document, limited
 from coordinator.service.plan import kill_plan
 from coordinator.service.posture import Posture
-from coordinator.service.process_scan import process_entry
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
+from coordinator.service.timeline_view import running_drain, timeline_document
 from coordinator.settings import Settings
 from coordinator.timeline import CSP, render_html, render_svg
 
@@ -52,10 +51,6 @@ WAIT_SLACK_S = 1.0
 
 WorkerId = Annotated[str, Path(min_length=1, max_length=64)]
 
-MAX_ERRORS = 20
-"""A 422 lists at most this many validation errors."""
-MAX_ECHO_CHARS = 200
-"""Longest string (message, location part, echoed input) a 422 carries."""
 
 
 async def disconnected(request: Request) -> None:
@@ -356,104 +351,6 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,
                        read_timeout_s=settings.read_timeout_s)
     return app
-
-
-def running_drain(coordinator: Coordinator) -> tuple[float, float] | None:
-    """(seconds since it started, its budget in seconds) of the drain that runs, or None."""
-    drain = coordinator.controller.drain
-    if drain is None or coordinator.machine.phase in (Phase.SERVING, Phase.DONE):
-        return None
-    started = drain.deadlines.started_at
-    return (max(coordinator.controller.clock() - started, 0.0),
-            drain.deadlines.deadline_at - started)
-
-
-def timeline_document(coordinator: Coordinator, which: str) -> dict[str, Any]:
-    """The ``/status`` document the timeline draws: as it is for the ``current`` drain;
-    with ``drain`` null and ``last_drain``'s processes for the ``last`` one (and for
-    ``current`` while serving, after a drain); plus ``handoff_log``, the drain's handoff
-    events in time, and ``migration_counts`` counted from them (the drain's own)."""
-    document = coordinator.view.status_document()
-    controller = coordinator.controller
-    record = controller.drain if document["drain"] is not None else None
-    if which == "last" or record is None:
-        record = controller.last
-        document["drain"] = None
-        document["last_drain"] = record.to_status() if record is not None else None
-        if record is not None:
-            document["processes"] = [process_entry(o) for o in sorted(
-                record.outcomes.values(), key=lambda o: o.pid)]
-            document["workers"] = []  # a new cycle's: those of the last drain are forgotten
-            document["migrations"] = []
-    document["handoff_log"] = []
-    if record is not None:
-        start = record.deadlines.started_at
-        end = record.ended_at if record.ended_at is not None else math.inf
-        document["handoff_log"] = [{"at": at, "event": event, "count": count}
-                                   for at, event, count in coordinator.migrations.log
-                                   if start <= at <= end]
-        # This drain's, not the coordinator's since it started.
-        totals = {"handed_back": 0, "acked": 0, "expired": 0}
-        for entry in document["handoff_log"]:
-            totals[entry["event"]] += entry["count"]
-        document["migration_counts"] = {**totals, "pending": len(document["migrations"])}
-    return document
-
-
-def _clip(text: object) -> str:
-    """``text`` as a short string that encodes as UTF-8 (lone surrogates replaced)."""
-    value = str(text)
-    if len(value) > MAX_ECHO_CHARS:
-        value = value[:MAX_ECHO_CHARS] + "…"
-    return value.encode("utf-8", "replace").decode("utf-8")
-
-
-def _echo(value: object) -> object:
-    """The offending input when it is a short JSON scalar; None for anything else (non-finite
-    numbers, containers, whatever JSON cannot represent are never echoed)."""
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value if abs(value) <= 2**53 else None
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, str):
-        return _clip(value)
-    return None
-
-
-def invalid_input(errors: Sequence[Any]) -> Response:
-    """The 422 of a request that failed validation: always JSON with a ``detail`` list of
-    ``{"type", "loc", "msg"}`` (plus ``input`` when it is a short finite scalar), whatever the
-    input was: hostile depth, ``NaN``, huge or unserialisable values are never echoed."""
-    detail: list[dict[str, Any]] = []
-    for error in list(errors)[:MAX_ERRORS]:
-        if not isinstance(error, dict):
-            detail.append({"type": "invalid", "loc": [], "msg": _clip(error)})
-            continue
-        location = error.get("loc", ())
-        entry: dict[str, Any] = {
-            "type": _clip(error.get("type", "invalid")),
-            "loc": [part if isinstance(part, int) and not isinstance(part, bool)
-                    else _clip(part) for part in list(location)[:32]]
-            if isinstance(location, (list, tuple)) else [_clip(location)],
-            "msg": _clip(error.get("msg", "invalid input")),
-        }
-        context = error.get("ctx")
-        if isinstance(context, dict) and isinstance(context.get("error"), str):
-            entry["ctx"] = {"error": _clip(context["error"])}  # e.g. where the JSON broke
-        echoed = _echo(error.get("input"))
-        if echoed is not None:
-            entry["input"] = echoed
-        detail.append(entry)
-    if len(errors) > MAX_ERRORS:
-        detail.append({"type": "too_many_errors", "loc": [],
-                       "msg": f"{len(errors) - MAX_ERRORS} more errors left out"})
-    try:
-        body = json.dumps({"detail": detail}, allow_nan=False).encode()
-    except (ValueError, TypeError, RecursionError):  # cannot happen; never answer 5xx
-        body = b'{"detail": "invalid input"}'
-    return Response(body, status_code=422, media_type=JSON)
 
 
 def unknown_worker(worker_id: str) -> HTTPException:
