@@ -50,6 +50,11 @@ CALL_BUDGET_S = 3.0
 """One removal or restore, every attempt and wait included. Taking a worker out answers in a
 few milliseconds on both routers; 3 s rides out a router restarting or a busy node, and is
 small against a drain's migration window (cut to it when that is shorter)."""
+RESTORE_BUDGET_S = 30.0
+"""One restore after an abort, every attempt and wait included. No drain waits on it, and smg
+adds a worker back only once its removal has settled (``SMG_SETTLE_S``, then smg's own removal
+pass, seconds on a busy node): a budget of ``CALL_BUDGET_S`` would give up on a restore that a
+few more seconds complete, leaving a serving engine out of the router."""
 ATTEMPT_TIMEOUT_S = 1.0
 """One attempt at most (vllm-router's ``add_worker`` checks the worker's health first)."""
 FIRST_WAIT_S = 0.02
@@ -277,7 +282,8 @@ class RouterAdapters:
             await self._http.aclose()
 
     def _launch(self, action: str, migration_deadline_at: float | None) -> None:
-        deadline = call_deadline(self._clock(), time.time(), migration_deadline_at)
+        deadline = call_deadline(self._clock(), time.time(), migration_deadline_at,
+                                 CALL_BUDGET_S if action == "remove" else RESTORE_BUDGET_S)
         for i, adapter in enumerate(self.adapters):
             state = self.states[i]
             if adapter is None:

@@ -53,6 +53,9 @@ def _send(router: Router, count: int) -> None:
 
 def _router_state(running: Running, state: str) -> dict[str, Any] | None:
     routers: list[dict[str, Any]] = running.status()["routers"]
+    if state != "failed" and routers[0]["state"] == "failed" and routers[0]["action"] == (
+            "remove" if state == "removed" else "restore"):
+        raise AssertionError(f"the router call failed: {routers[0]}")
     return routers[0] if routers[0]["state"] == state else None
 
 
