@@ -33,7 +33,6 @@ __all__ = [
     "is_kernel_thread",
     "same_start",
     "thread_group",
-    "tree",
     "vet",
 ]
 
@@ -137,17 +136,3 @@ def vet(pid: int, start_time: float | None = None, confine_to: int | None = None
     if confine_to is not None and not descends_from(pid, confine_to):
         raise RefusedTarget(pid, f"it does not descend from pid {confine_to} (confined)")
     return found
-
-
-def tree(pid: int) -> list[tuple[ProcessFacts, int]]:
-    """The live process ``pid`` and its descendants, each with its depth (0 for the root)."""
-    snap = procfs.snapshot()
-    if pid not in snap:
-        return []
-    out: list[tuple[ProcessFacts, int]] = []
-    for member, depth in [(pid, 0), *procfs.descendants(pid, snap)]:
-        try:
-            out.append((facts(member), depth))
-        except TargetNotFound:
-            continue
-    return out
