@@ -1,9 +1,25 @@
-"""Run pods on one machine: coordinators, simulated engines and the reference router.
+"""Run pods on one machine: coordinators, simulated engines, and a router in front.
 
-The demo and the benchmarks need the same pieces a cluster has — one coordinator per pod next
-to its engine, a router in front — as real processes on loopback ports. ``LocalStack`` starts
-them, each in its own session, and ``close()`` ends every one of them with the project's own
-kill engine (SIGTERM in order, SIGKILL for stragglers), so nothing outlives the stack.
+The demo, the tests and the benchmarks need the same pieces a cluster has — one coordinator
+per pod next to its engine, a router in front — as real processes on loopback ports.
+``LocalStack`` starts them, each in its own session, and ``close()`` ends every one of them
+with the project's own kill engine (SIGTERM in order, SIGKILL for stragglers), so nothing
+outlives the stack.
+
+Two kinds of router:
+
+- the reference router (``start_router``), which watches each pod's coordinator itself;
+- a real one, ``smg`` or ``vllm-router`` (``start_routed_pods``), with each pod's
+  coordinator told to take its engine out of the router when it drains (``--router
+  KIND=URL --router-worker-url ENGINE_URL``), or not (``adapter=False``: the router's own
+  health checks only, or whatever the caller does through ``RoutedFleet.router``)::
+
+      stack = LocalStack(workdir)
+      fleet = stack.start_routed_pods("smg", 3)           # 3 pods behind smg, adapters on
+      fleet.router.url                                    # where clients send requests
+      new = stack.add_routed_pod(fleet, "pod3")           # a surge pod, routed to once ready
+      httpx.get(fleet.pods[0].coordinator.url + "/drain") # the preStop hook's call
+      await stack.close()
 """
 
 from __future__ import annotations
@@ -13,18 +29,32 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
 
 from coordinator.kill import KillPolicy, Target, terminate
+from devstack import routers
+from devstack.routers import RouterProcess
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
 
 START_TIMEOUT_S = 60.0
 """Bounds a failed start only; a healthy coordinator answers in well under a second."""
+ROUTED_ENGINE = {"schedulers": 1, "graceful_main": True}
+"""Engine knobs of a pod behind a real router unless told: one scheduler (a 2-core machine
+runs a router and several pods), and a main process that exits 0 on the coordinator's
+SIGTERM, as an engine with the upstream fix does."""
+
+Popen = Callable[..., "subprocess.Popen[bytes]"]
+"""Starts a process: called as ``popen(argv, env=..., stdout=..., stderr=...)``."""
+
+
+def _popen_own_session(argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, start_new_session=True,
+                            **kwargs)
 
 
 class StackError(RuntimeError):
@@ -53,11 +83,32 @@ class Pod:
         return {p.pid: p.role for p in self.engine.processes}
 
 
+@dataclass
+class RoutedFleet:
+    """Pods behind one real router (``LocalStack.start_routed_pods``)."""
+
+    router: RouterProcess
+    pods: list[Pod]
+    adapter: bool
+    """Each pod's coordinator takes its engine out of the router when it drains
+    (``--router``); False: nothing tells the router, which sees only its health checks."""
+    coordinator_args: tuple[str, ...] = ()
+    engine_knobs: dict[str, Any] = field(default_factory=dict)
+    """What ``add_routed_pod`` starts a new pod with, unless told otherwise."""
+
+    @property
+    def kind(self) -> str:
+        return self.router.kind
+
+
 class LocalStack:
     """Processes of a local pod fleet; every one of them ends in ``close()``."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, popen: Popen | None = None) -> None:
+        """``popen`` starts every process (default: ``subprocess.Popen`` in a session of its
+        own); tests pass their janitor's ``spawn``, so its SIGKILL fallback covers them."""
         self.workdir = workdir
+        self._popen = popen or _popen_own_session
         self._procs: list[subprocess.Popen[bytes]] = []
         self._coordinators: set[int] = set()
         self.router: subprocess.Popen[bytes] | None = None
@@ -70,10 +121,8 @@ class LocalStack:
         ends in ``close()`` like every other process of the stack."""
         log: IO[bytes] = (self.workdir / log_name).open("ab")
         try:
-            proc = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, env=kwargs.pop("env", engine_environment()), **kwargs,
-            )
+            proc = self._popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                               env=kwargs.pop("env", engine_environment()), **kwargs)
         finally:
             log.close()
         self._procs.append(proc)
@@ -123,6 +172,63 @@ class LocalStack:
         )
         self.router = proc
         return _wait_for_json_url(proc, ready, "router")
+
+    def start_routed_pods(self, kind: str, count: int, *, adapter: bool = True,
+                          coordinator_args: Sequence[str] = (), router_args: Sequence[str] = (),
+                          health_check_interval_s: int | None = None, name: str = "pod",
+                          **engine_knobs: Any) -> RoutedFleet:
+        """``count`` pods behind a real router (``kind``: ``smg`` or ``vllm-router``), once
+        the router routes to every one of them:
+
+        1. a free port for the router, so each coordinator can be told where it is before
+           the router starts (the adapter calls it only when a drain starts);
+        2. each pod (``add_routed_pod``'s steps 1-3, named ``{name}0``, ``{name}1``, ...);
+        3. the router in front of the engines (``devstack.routers.start_router``), its
+           health check every ``health_check_interval_s`` (None: the router's default, 60 s),
+           ``router_args`` added to its command line.
+
+        ``engine_knobs`` override ``ROUTED_ENGINE``; ``coordinator_args`` go to every
+        coordinator (``--grace-period 12``, say)."""
+        port = routers.free_port()
+        url = f"http://127.0.0.1:{port}"
+        knobs = {**ROUTED_ENGINE, **engine_knobs}
+        pods = [self._routed_pod(f"{name}{i}", kind, url, adapter, coordinator_args, knobs)
+                for i in range(count)]
+        router = routers.start_router(kind, self._spawn_router, self.workdir,
+                                      [p.engine.url for p in pods], *router_args, port=port,
+                                      health_check_interval_s=health_check_interval_s)
+        return RoutedFleet(router, pods, adapter, tuple(coordinator_args), knobs)
+
+    def add_routed_pod(self, fleet: RoutedFleet, name: str, **engine_knobs: Any) -> Pod:
+        """A new pod behind ``fleet``'s router (a rolling update's surge pod), returned once
+        the router routes to it:
+
+        1. a free port for the engine, so its coordinator knows the engine's URL as the
+           router will (``--router-worker-url``) before the engine starts;
+        2. the coordinator, with ``--router KIND=URL --router-worker-url ENGINE_URL`` when the
+           fleet's adapters are on;
+        3. the engine, registered with its coordinator (``start_pod``);
+        4. the engine added to the router through its API (``RouterProcess.add_worker``)."""
+        knobs = {**fleet.engine_knobs, **engine_knobs}
+        pod = self._routed_pod(name, fleet.kind, fleet.router.url, fleet.adapter,
+                               fleet.coordinator_args, knobs)
+        fleet.router.add_worker(pod.engine.url)
+        fleet.pods.append(pod)
+        return pod
+
+    def _routed_pod(self, name: str, kind: str, router_url: str, adapter: bool,
+                    coordinator_args: Sequence[str], knobs: dict[str, Any]) -> Pod:
+        engine_url = f"http://127.0.0.1:{routers.free_port()}"
+        told = ["--router", f"{kind}={router_url}", "--router-worker-url", engine_url]
+        pod = self.start_pod(name, [*(told if adapter else []), *coordinator_args],
+                             **{**knobs, "port": int(engine_url.rsplit(":", 1)[1])})
+        if pod.engine.url != engine_url:  # the router would know it by another name
+            raise StackError(f"{name}'s engine listens on {pod.engine.url}, not {engine_url}")
+        return pod
+
+    def _spawn_router(self, argv: Sequence[str], log: Path,
+                      env: dict[str, str]) -> subprocess.Popen[bytes]:
+        return self.spawn(argv, log.name, env={**engine_environment(), **env})
 
     # -- ending ---------------------------------------------------------------------------
 
