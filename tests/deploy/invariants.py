@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from coordinator.router_settings import NEEDS_WORKER_URL, parse_router
 from coordinator.service import posture
 from coordinator.settings import ENV_PREFIX, Settings
 from tests.deploy.rendering import COORDINATOR, DRAIN_HOOK, Rendered
@@ -292,6 +293,30 @@ def check_secure_start(r: Rendered) -> None:
             raise AssertionError(f"serve would refuse these settings: {exc}") from exc
 
 
+def check_router_worker_url(r: Rendered) -> None:
+    """With a router that matches workers by URL (smg, vllm-router), the coordinator names
+    this pod's engine as the router knows it: ``http://$(POD_IP):PORT``, the pod's IP from the
+    downward API (defined before it, so the kubelet expands it) and the engine container's
+    own ``http`` port; the settings with that address filled in pass ``serve``'s checks."""
+    kinds = {parse_router(text).kind
+             for text in r.settings.get("SHUTDOWN_COORDINATOR_ROUTERS", "").split(",") if text}
+    if not kinds & NEEDS_WORKER_URL:
+        return
+    env = r.coordinator.get("env") or []
+    names = [item["name"] for item in env]
+    assert "SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL" in names, "the routers cannot find the engine"
+    assert "POD_IP" in names[:names.index("SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL")], names
+    assert r.env(r.coordinator)["POD_IP"]["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}}
+    port = next(p["containerPort"] for p in r.engine["ports"] if p["name"] == "http")
+    url = r.env(r.coordinator)["SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL"]["value"]
+    assert url == f"http://$(POD_IP):{port}", url
+    fields = {name[len(ENV_PREFIX):].lower(): value for name, value in r.settings.items()}
+    fields.pop("token_file", None)
+    fields["router_worker_url"] = url.replace("$(POD_IP)", "10.0.0.5")
+    Settings(**fields)  # type: ignore[arg-type]
+
+
 CHECKS: dict[str, Callable[[Rendered], None]] = {
     "budget": check_budget,
     "port": check_port,
@@ -307,4 +332,5 @@ CHECKS: dict[str, Callable[[Rendered], None]] = {
     "adoption": check_adoption,
     "engine-profile": check_engine_profile,
     "secure-start": check_secure_start,
+    "router-worker-url": check_router_worker_url,
 }

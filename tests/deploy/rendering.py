@@ -59,6 +59,8 @@ COMBINED = (
     Variant("vllm-classic", "vllm", ("classic-sidecar",)),
     Variant("sglang-httpget", "sglang", ("prestop-httpget",)),
     Variant("dynamo-servicemonitor", "dynamo-worker", ("servicemonitor",)),
+    Variant("sglang-smg", "sglang", ("router-smg",)),
+    Variant("vllm-router-classic", "vllm", ("router-vllm-router", "classic-sidecar")),
     Variant(
         "adopted-everything",
         "adopted-vllm",

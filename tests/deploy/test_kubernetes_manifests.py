@@ -127,6 +127,9 @@ def _broken(rendered: Rendered, change: str) -> Rendered:
     elif change == "secure-start":
         config = broken.named("ConfigMap", _config_name(broken))
         del config["data"]["SHUTDOWN_COORDINATOR_TOKEN_FILE"]
+    elif change == "router-worker-url":
+        env = broken.env(coordinator)
+        env["SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL"]["value"] = "http://$(POD_IP):8001"
     else:  # pragma: no cover - a new check needs its own breakage here
         raise AssertionError(f"no breakage for {change}")
     return broken
@@ -137,13 +140,16 @@ def _config_name(rendered: Rendered) -> str:
     return str(refs[0]["configMapRef"]["name"])
 
 
+_SOURCES = {"adoption": "adopted-vllm", "router-worker-url": "vllm-router-classic"}
+"""The rendering each check is broken in, when not the vLLM overlay's."""
+
+
 @pytest.mark.parametrize("check", sorted(CHECKS))
 def test_invariant_catches_its_breakage(check: str, renders: dict[str, Rendered]) -> None:
-    """1. Break one thing in a correct rendering (the adopted-vLLM overlay for adoption,
-       vLLM otherwise).
+    """1. Break one thing in a correct rendering (``_SOURCES``'s, vLLM's otherwise).
     2. Expect that invariant's check to fail, so the check is not vacuous.
     """
-    source = renders["adopted-vllm" if check == "adoption" else "vllm"]
+    source = renders[_SOURCES.get(check, "vllm")]
     CHECKS[check](source)
     with pytest.raises(AssertionError):
         CHECKS[check](_broken(source, check))
