@@ -24,12 +24,13 @@ Two kinds of router:
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -39,10 +40,18 @@ import httpx
 from coordinator.kill import KillPolicy, Target, terminate
 from devstack import routers
 from devstack.routers import RouterProcess
+from devstack.sim.errors import SimArgumentError
+from devstack.sim.knobs import EngineKnobs
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
+from devstack.sim.main_process import EngineMain
+from devstack.sim.records import RequestLog, read_requests
+from devstack.sim.streams import CompletionStreams, HandedBack, Token
 
 START_TIMEOUT_S = 60.0
 """Bounds a failed start only; a healthy coordinator answers in well under a second."""
+ENGINE_COMMAND = "engine"
+"""``python -m devstack.local_stack engine [flags of python -m devstack.sim]``: the simulated
+engine with its request log (``start_pod(request_log=True)``)."""
 ROUTED_ENGINE = {"schedulers": 1, "graceful_main": True}
 """Engine knobs of a pod behind a real router unless told: one scheduler (a 2-core machine
 runs a router and several pods), and a main process that exits 0 on the coordinator's
@@ -81,6 +90,11 @@ class Pod:
     def roles(self) -> dict[int, str]:
         """Engine process roles by pid, as the engine's ready file lists them."""
         return {p.pid: p.role for p in self.engine.processes}
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request the engine took, by its own log, in arrival order (a pod started
+        with ``request_log``; ``devstack.sim.records.read_requests`` has the fields)."""
+        return read_requests(self.engine.record_dir)
 
 
 @dataclass
@@ -143,12 +157,17 @@ class LocalStack:
         _wait_healthy(proc, url + "/healthz", f"coordinator {name}")
         return CoordinatorProcess(proc, url, self.workdir / f"{name}.log")
 
-    def start_pod(self, name: str, coordinator_args: Sequence[str] = (),
-                  **engine_knobs: Any) -> Pod:
-        """A coordinator, then an engine that registers with it (waits for the registration)."""
+    def start_pod(self, name: str, coordinator_args: Sequence[str] = (), *,
+                  request_log: bool = False, **engine_knobs: Any) -> Pod:
+        """A coordinator, then an engine that registers with it (waits for the registration).
+
+        ``request_log``: the engine logs every request it takes (``Pod.requests()``): the
+        same engine and flags, started through this module's ``engine`` entry point."""
         coordinator = self.start_coordinator(f"{name}-coordinator", *coordinator_args)
 
         def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+            if request_log:  # [python, -m, devstack.sim, flags...] -> this module's engine
+                argv = [argv[0], "-m", __name__, ENGINE_COMMAND, *argv[3:]]
             return self.spawn(argv, f"{name}-engine.log", env=env)
 
         engine = start_engine(spawn, self.workdir / f"{name}-records",
@@ -221,6 +240,7 @@ class LocalStack:
         engine_url = f"http://127.0.0.1:{routers.free_port()}"
         told = ["--router", f"{kind}={router_url}", "--router-worker-url", engine_url]
         pod = self.start_pod(name, [*(told if adapter else []), *coordinator_args],
+                             request_log=True,
                              **{**knobs, "port": int(engine_url.rsplit(":", 1)[1])})
         if pod.engine.url != engine_url:  # the router would know it by another name
             raise StackError(f"{name}'s engine listens on {pod.engine.url}, not {engine_url}")
@@ -292,3 +312,78 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, what: str) -> None:
 def run_close(stack: LocalStack) -> None:
     """``close()`` from synchronous code."""
     asyncio.run(stack.close())
+
+
+# --- the engine of a pod, with its request log -------------------------------------------------
+
+class _LoggedEngine(EngineMain):
+    """The simulated engine, every request it takes written to a ``RequestLog`` in its record
+    directory: whatever streams the engine uses (its own, or a worker client's once it has
+    connected to its coordinator) are wrapped as they are set."""
+
+    def __init__(self, knobs: EngineKnobs, *, record_dir: Path, ready_file: Path | None) -> None:
+        self._log = RequestLog(record_dir)  # before EngineMain sets its first streams
+        super().__init__(knobs, record_dir=record_dir, ready_file=ready_file)
+
+    @property
+    def streams(self) -> CompletionStreams:
+        return self._streams
+
+    @streams.setter
+    def streams(self, streams: CompletionStreams) -> None:
+        # An instance attribute hides the method for the HTTP handlers; the streams' own
+        # calls (a worker client's TrackedStreams calls super().generate) are not logged twice.
+        setattr(streams, "generate", _logged(streams.generate, self._log))  # noqa: B010
+        self._streams = streams
+
+
+Generate = Callable[[str, str, int], AsyncIterator[Token | HandedBack]]
+
+
+def _logged(generate: Generate, log: RequestLog) -> Generate:
+    def logged(request_id: str, prompt: str, max_tokens: int) -> AsyncIterator[Token | HandedBack]:
+        # Called by the handler the moment it has parsed the request: its arrival.
+        serial = log.arrived(request_id, prompt, max_tokens)
+        return _log_end(generate(request_id, prompt, max_tokens), log, serial)
+
+    return logged
+
+
+async def _log_end(events: AsyncIterator[Token | HandedBack], log: RequestLog,
+                   serial: int) -> AsyncIterator[Token | HandedBack]:
+    tokens, how = 0, "cut"
+    try:
+        async for event in events:
+            if isinstance(event, HandedBack):
+                how = "handed_back"
+            else:
+                tokens += 1
+            yield event
+        how = "done" if how == "cut" else how
+    finally:
+        log.ended(serial, tokens, how)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m devstack.local_stack engine --record-dir D [--ready-file F] [knobs]``."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = argparse.ArgumentParser(
+        prog=f"python -m {__name__} {ENGINE_COMMAND}",
+        description="The simulated engine (python -m devstack.sim) with its request log.")
+    parser.add_argument("--record-dir", required=True, type=Path)
+    parser.add_argument("--ready-file", type=Path, default=None)
+    EngineKnobs.add_arguments(parser)
+    if args[:1] != [ENGINE_COMMAND]:
+        parser.error(f"the only command is {ENGINE_COMMAND!r}")
+    ns = parser.parse_args(args[1:])
+    try:
+        knobs = EngineKnobs.from_namespace(ns)
+    except SimArgumentError as exc:
+        parser.error(str(exc))
+    ns.record_dir.mkdir(parents=True, exist_ok=True)
+    engine = _LoggedEngine(knobs, record_dir=ns.record_dir, ready_file=ns.ready_file)
+    sys.exit(asyncio.run(engine.run()))
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,10 @@ three moments: when the process is up (``cleanup: "not started"``), when its cle
 (``"started"``) and when it ends (``"finished"``, or ``"interrupted"`` when it abandoned its
 own cleanup, as the stock main process does). A file still saying ``started`` (or ``not
 started`` after a signal) belongs to a process that was killed before it could finish.
+
+Request records (``RequestLog``, ``read_requests``): what reached an engine and when, one
+line per request's arrival and end, for checks of where a router sent what (the engine run
+by ``devstack.local_stack``'s pods writes them; ``read_records`` does not list them).
 """
 
 from __future__ import annotations
@@ -106,3 +110,65 @@ def read_records(record_dir: Path | str) -> list[dict[str, Any]]:
             continue  # replaced between listing and reading; the rename keeps it whole
     out.sort(key=lambda r: (r.get("started_at") or 0.0, r.get("pid") or 0))
     return out
+
+
+# --- request records: what reached an engine, and when --------------------------------------
+
+REQUEST_LOG_PREFIX = "requests-"
+"""``<record-dir>/requests-<pid>.jsonl``: one engine process's request log (``RequestLog``)."""
+
+
+class RequestLog:
+    """Every request one engine process received, appended as it happens, one JSON line per
+    event: ``{"event": "arrived", "serial", "request_id", "prompt", "max_tokens", "at",
+    "at_monotonic"}`` when the HTTP handler takes the request, ``{"event": "ended", "serial",
+    "tokens", "how", "at", "at_monotonic"}`` when its stream ends (``how``: ``done``,
+    ``handed_back``, or ``cut`` when the client or the process went away first).
+
+    ``at`` is epoch seconds (the coordinator's ``/status`` times are too), ``at_monotonic``
+    ``time.monotonic()``, one clock for every process of the host. Each line is one
+    ``write`` to a file opened with ``O_APPEND``, so a reader sees whole lines only, even
+    while the engine runs; a process killed mid-stream leaves its arrival without an end.
+    """
+
+    def __init__(self, record_dir: Path | str) -> None:
+        self.path = Path(record_dir) / f"{REQUEST_LOG_PREFIX}{os.getpid()}.jsonl"
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._serial = 0
+
+    def arrived(self, request_id: str, prompt: str, max_tokens: int) -> int:
+        """Note a request the moment it is taken; returns its serial for ``ended``."""
+        self._serial += 1
+        self._write({"event": "arrived", "serial": self._serial, "request_id": request_id,
+                     "prompt": prompt, "max_tokens": max_tokens})
+        return self._serial
+
+    def ended(self, serial: int, tokens: int, how: str) -> None:
+        self._write({"event": "ended", "serial": serial, "tokens": tokens, "how": how})
+
+    def _write(self, line: dict[str, Any]) -> None:
+        line.update(at=time.time(), at_monotonic=time.monotonic())
+        os.write(self._fd, (json.dumps(line, separators=(",", ":")) + "\n").encode())
+
+
+def read_requests(record_dir: Path | str) -> list[dict[str, Any]]:
+    """Every request the engine's processes logged (``RequestLog``), in arrival order: one
+    dict each with ``pid``, ``serial``, ``request_id``, ``prompt``, ``max_tokens``,
+    ``arrived_at``, ``arrived_at_monotonic`` and, once its stream ended, ``ended_at``,
+    ``ended_at_monotonic``, ``tokens`` and ``how`` (None before)."""
+    found: dict[tuple[int, int], dict[str, Any]] = {}
+    for path in Path(record_dir).glob(f"{REQUEST_LOG_PREFIX}*.jsonl"):
+        pid = int(path.stem.removeprefix(REQUEST_LOG_PREFIX))
+        for text in path.read_text().splitlines():
+            line = json.loads(text)
+            key = (pid, line["serial"])
+            if line["event"] == "arrived":
+                found[key] = {"pid": pid, "serial": line["serial"],
+                              "request_id": line["request_id"], "prompt": line["prompt"],
+                              "max_tokens": line["max_tokens"], "arrived_at": line["at"],
+                              "arrived_at_monotonic": line["at_monotonic"], "ended_at": None,
+                              "ended_at_monotonic": None, "tokens": None, "how": None}
+            elif key in found:
+                found[key].update(ended_at=line["at"], ended_at_monotonic=line["at_monotonic"],
+                                  tokens=line["tokens"], how=line["how"])
+    return sorted(found.values(), key=lambda r: r["arrived_at_monotonic"])
