@@ -124,6 +124,12 @@ class Settings(BaseSettings):
     """How the routers know this pod's engine (``http://POD_IP:PORT``, as the router was given
     it; in Kubernetes from the pod's IP through the downward API). Needed by ``smg`` and
     ``vllm-router`` routers."""
+    router_join: bool = True
+    """When the coordinator starts with routers (and no drain to resume), wait for the engine
+    at ``router_worker_url`` to answer ``GET /health`` with 200, then add it to every router
+    (smg: ``POST /workers``; vllm-router: ``POST /add_worker``): a pod that replaces a drained
+    one comes back into routers that do not discover pods themselves. A router that already
+    lists it (one with service discovery) is left as it is."""
     router_token_file: Path | None = None
     """File holding smg's control-plane key (``--control-plane-api-keys``), sent as
     ``Authorization: Bearer`` on its ``/workers`` calls. Unset: none sent (smg's control

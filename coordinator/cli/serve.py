@@ -81,7 +81,7 @@ _METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
 _REPEATED_FLAGS = {
     "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
     "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
-    "routers": "--router",
+    "routers": "--router", "router_join": "--no-router-join",
     "allow_unauthenticated_network": "--allow-unauthenticated-network"}
 """The flags outside ``SERVE_FLAGS`` that name a setting, by field (for refusal messages)."""
 
@@ -124,6 +124,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        "at a drain's start to send it nothing new and on an abort to send it "
                        "requests again; KIND smg, vllm-router or reference (repeatable) "
                        f"[env {_env_name('routers')}]")
+    serve.add_argument("--no-router-join", dest="router_join", action="store_const",
+                       const=False, default=None,
+                       help="do not add the engine to the --router routers once it is healthy "
+                       "at start (for routers that discover pods themselves) "
+                       f"[env {_env_name('router_join')}]")
     serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
                        action="store_const", const=True, default=None,
                        help="serve a non-loopback --host without a token (refused otherwise: "

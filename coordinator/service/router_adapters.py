@@ -4,11 +4,17 @@ smg and vllm-router are Rust binaries: they cannot run a watcher of ours, but bo
 worker API. The coordinator knows a drain's first millisecond, so it calls them
 (docs/routers.md has what each call was seen to do):
 
-    router        drain started                                 drain aborted
+    router        drain started                                 drain aborted, or joining
     smg           GET /workers (the id, by URL), PATCH its       GET /workers; once the worker
                   settle time, DELETE /workers/{id}: draining    left, POST /workers {"url"}
     vllm-router   POST /remove_worker?url=…                      POST /add_worker?url=…
     reference     nothing: it watches this coordinator's /status
+
+Joining (``--router-join``, on by default): when the coordinator starts and no drain is being
+resumed, it waits for the engine's ``GET /health`` to answer 200 (a model loads for minutes),
+then adds the engine to every router as an abort's restore does. That is how a pod that
+replaced a drained one in a rolling update gets its traffic from a router that does not
+discover pods itself; one that does (smg's ``--service-discovery``) answers "already listed".
 
 Every call:
 
@@ -55,6 +61,12 @@ RESTORE_BUDGET_S = 30.0
 adds a worker back only once its removal has settled (``SMG_SETTLE_S``, then smg's own removal
 pass, seconds on a busy node): a budget of ``CALL_BUDGET_S`` would give up on a restore that a
 few more seconds complete, leaving a serving engine out of the router."""
+JOIN_BUDGET_S = 1800.0
+"""Joining at start, waiting for the engine's health included: as long as the manifests'
+engine startupProbe allows a model to load (5 s x 360). No drain waits on it; a drain cancels
+it."""
+JOIN_MAX_WAIT_S = 2.0
+"""Backoff cap while the engine is not healthy yet: a loading engine is asked every 2 s."""
 ATTEMPT_TIMEOUT_S = 1.0
 """One attempt at most (vllm-router's ``add_worker`` checks the worker's health first)."""
 FIRST_WAIT_S = 0.02
@@ -98,12 +110,13 @@ class stop_at_deadline(stop_base):
 
 
 def retrying(deadline: float, clock: Callable[[], float] = time.monotonic,
-             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> AsyncRetrying:
+             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+             max_wait_s: float = MAX_WAIT_S) -> AsyncRetrying:
     """Attempts until one succeeds, the router refuses, or the deadline: backoff from
-    ``FIRST_WAIT_S`` doubling to ``MAX_WAIT_S``; the last failure is raised as it was."""
+    ``FIRST_WAIT_S`` doubling to ``max_wait_s``; the last failure is raised as it was."""
     return AsyncRetrying(
         stop=stop_at_deadline(deadline, clock),
-        wait=wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S, max=MAX_WAIT_S),
+        wait=wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S, max=max_wait_s),
         retry=retry_if_exception_type(Retryable), sleep=sleep, reraise=True)
 
 
@@ -206,8 +219,9 @@ class RouterState:
     kind: str
     url: str
     state: str = "idle"
-    """``idle`` (no drain yet), ``removing``, ``removed``, ``restoring``, ``restored``,
-    ``failed`` (``action`` says which), or ``watching`` (the reference router: no call)."""
+    """``idle`` (nothing asked yet), ``joining``, ``joined``, ``removing``, ``removed``,
+    ``restoring``, ``restored``, ``failed`` (``action`` says which), or ``watching`` (the
+    reference router: no call)."""
     action: str | None = None
     attempts: int = 0
     error: str | None = None
@@ -223,8 +237,9 @@ class RouterState:
 
 
 WATCHING_NOTE = "nothing to call: it learns of the drain from this coordinator's /status"
-_DONE = {"remove": "removed", "restore": "restored"}
-_RUNNING = {"remove": "removing", "restore": "restoring"}
+_DONE = {"remove": "removed", "restore": "restored", "join": "joined"}
+_RUNNING = {"remove": "removing", "restore": "restoring", "join": "joining"}
+_BUDGET_S = {"remove": CALL_BUDGET_S, "restore": RESTORE_BUDGET_S, "join": JOIN_BUDGET_S}
 
 
 class RouterAdapters:
@@ -236,6 +251,7 @@ class RouterAdapters:
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         self.states = [RouterState(spec.kind, spec.url) for spec in specs]
         self.adapters: list[Adapter | None] = []
+        self.worker_url = worker_url
         for spec in specs:
             if spec.kind == "reference" or worker_url is None:
                 self.adapters.append(None)
@@ -264,6 +280,12 @@ class RouterAdapters:
         """Put the worker back in every router (returns at once)."""
         self._launch_safely("restore", None)
 
+    def join(self) -> None:
+        """Add the worker to every router once the engine is healthy (returns at once; a
+        drain that starts meanwhile cancels it)."""
+        if any(a is not None for a in self.adapters):
+            self._launch_safely("join", None)
+
     def _launch_safely(self, action: str, migration_deadline_at: float | None) -> None:
         try:
             self._launch(action, migration_deadline_at)
@@ -283,7 +305,7 @@ class RouterAdapters:
 
     def _launch(self, action: str, migration_deadline_at: float | None) -> None:
         deadline = call_deadline(self._clock(), time.time(), migration_deadline_at,
-                                 CALL_BUDGET_S if action == "remove" else RESTORE_BUDGET_S)
+                                 _BUDGET_S[action])
         for i, adapter in enumerate(self.adapters):
             state = self.states[i]
             if adapter is None:
@@ -309,8 +331,9 @@ class RouterAdapters:
         try:
             if deadline <= started:
                 raise Retryable("no time left before the drain's migration deadline")
+            max_wait = JOIN_MAX_WAIT_S if action == "join" else MAX_WAIT_S
             async with asyncio.timeout(deadline - started):
-                async for attempt in retrying(deadline, self._clock, self._sleep):
+                async for attempt in retrying(deadline, self._clock, self._sleep, max_wait):
                     with attempt:
                         state.attempts += 1
                         attempt_s = max(0.001, min(ATTEMPT_TIMEOUT_S, deadline - self._clock()))
@@ -333,19 +356,28 @@ class RouterAdapters:
             if self._tasks.get(i) is asyncio.current_task():
                 del self._tasks[i]
 
-    @staticmethod
-    async def _attempt(adapter: Adapter, action: str, http: httpx.AsyncClient,
+    async def _attempt(self, adapter: Adapter, action: str, http: httpx.AsyncClient,
                        attempt_s: float) -> str:
         import httpx
 
         try:
             if action == "remove":
                 return await adapter.remove(http, attempt_s)
+            if action == "join":
+                await self._engine_healthy(http, attempt_s)
             return await adapter.restore(http, attempt_s)
         except httpx.TransportError as exc:
             raise Retryable(f"not reachable ({exc.__class__.__name__}: {exc})") from exc
         except ValueError as exc:  # a body that is not the JSON expected
             raise Refused(f"answered nonsense ({exc})") from exc
+
+    async def _engine_healthy(self, http: httpx.AsyncClient, attempt_s: float) -> None:
+        """A router told of an engine still loading would probe it, fail, and (smg) mark it
+        failed: join only once the engine's own health check passes."""
+        response = await http.get(f"{self.worker_url}/health", timeout=attempt_s)
+        if response.status_code != 200:
+            raise Retryable(f"the engine is not healthy yet ({self.worker_url}/health answered "
+                            f"{response.status_code})")
 
     def _ended(self, state: RouterState, result: str, started: float, *,
                note: str | None = None, error: str | None = None) -> None:

@@ -132,6 +132,9 @@ class Coordinator:
         if self.settings.state_file is not None:
             await self.state.load(self.settings.state_file)
         await self.rescan()
+        if (self.routers is not None and self.settings.router_join
+                and self.machine.phase is Phase.SERVING):
+            self.routers.join()
         self.scan.start(self.settings.process_scan_interval_s, self._roots,
                         paused=lambda: self.machine.phase.killing_or_done)
         await self.writer.flush()  # a path that cannot be written shows in /status at once

@@ -53,8 +53,8 @@ def _send(router: Router, count: int) -> None:
 
 def _router_state(running: Running, state: str) -> dict[str, Any] | None:
     routers: list[dict[str, Any]] = running.status()["routers"]
-    if state != "failed" and routers[0]["state"] == "failed" and routers[0]["action"] == (
-            "remove" if state == "removed" else "restore"):
+    action = {"removed": "remove", "joined": "join"}.get(state, "restore")
+    if state != "failed" and routers[0]["state"] == "failed" and routers[0]["action"] == action:
         raise AssertionError(f"the router call failed: {routers[0]}")
     return routers[0] if routers[0]["state"] == state else None
 
@@ -150,3 +150,31 @@ def test_an_unreachable_router_does_not_hold_the_drain(
     assert "not reachable" in failed["error"], failed
     metrics = httpx.get(f"{running.url}/metrics", timeout=5).text
     assert _counted(router_name, "remove", "failed") in metrics
+
+
+def test_a_coordinator_started_next_to_a_new_engine_adds_it_to_the_router(
+    router_name: str, janitor: ProcessJanitor, start_sim: StartEngine, tmp_path: Path
+) -> None:
+    """1. Start the router in front of one simulated engine, then a second engine and, next
+       to it, a coordinator with ``--router`` and ``--router-worker-url`` the new engine (a
+       pod that replaces a drained one in a rolling update).
+    2. /status ``routers`` says joined; the router's own list has the new engine ready.
+    3. Six requests through the router: the new engine serves some of them (its own count
+       moves), the two engines all six."""
+    old = start_sim(schedulers=1, token_interval_ms=1)
+    router = start_router(router_name, janitor, tmp_path, [old.url])
+    new = start_sim(schedulers=1, token_interval_ms=1)
+    assert _listed(router, new.url) is None
+    running = start_coordinator(janitor, tmp_path, *FAST, "--router",
+                                f"{router_name}={router.url}", "--router-worker-url", new.url)
+    joined = wait_for(lambda: _router_state(running, "joined"), what="the engine joined")
+    assert (joined["action"], joined["error"]) == ("join", None), joined
+    ready = {"smg": "ready", "vllm-router": "listed"}[router_name]
+    wait_for(lambda: _listed(router, new.url) == ready, what="the router listing the engine")
+    before = _served([old, new])
+    _send(router, REQUESTS)
+    after = _served([old, new])
+    assert after[1] > before[1], (before, after, router.log_tail())
+    assert sum(after) == sum(before) + REQUESTS
+    metrics = httpx.get(f"{running.url}/metrics", timeout=5).text
+    assert _counted(router_name, "join", "ok") in metrics

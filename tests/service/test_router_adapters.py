@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -106,7 +106,9 @@ async def test_a_refusal_is_not_retried_and_a_passing_failure_is() -> None:
 
 # --- what each router's answers mean, over a fake transport -----------------------------------
 
-def _adapters(specs: list[RouterSpec], handler: Callable[[httpx.Request], httpx.Response],
+def _adapters(specs: list[RouterSpec],
+              handler: Callable[[httpx.Request], httpx.Response]
+              | Callable[[httpx.Request], Coroutine[None, None, httpx.Response]],
               clock: FakeClock, token: str | None = None) -> tuple[ra.RouterAdapters,
                                                                    CoordinatorMetrics]:
     metrics = CoordinatorMetrics()
@@ -219,6 +221,55 @@ async def test_vllm_router_already_done_is_success_and_a_refusal_fails_at_once()
     assert seen == [f"/add_worker?{query}", f"/remove_worker?{query}"]
     assert reference["state"] == "watching"
     assert _count(metrics, "reference", "remove", "not_needed") == 1
+    await adapters.close()
+
+
+async def test_joining_waits_for_the_engine_health_then_adds_it_and_a_drain_cancels_it() -> None:
+    """1. join: the engine's /health answers 503 twice (loading), then 200; only then is smg
+    asked, and the engine added by URL; /status says joined; the waits are capped at
+    ``JOIN_MAX_WAIT_S``;
+    2. join again while the engine's health does not answer yet, then a drain starts: the
+    join is cancelled (never added) and the drain's removal runs; the metrics count one join
+    ok and one cancelled."""
+    clock = FakeClock()
+    health: dict[str, list[int]] = {"answers": [503, 503, 200]}
+    calls: list[tuple[str, str]] = []
+    asked, never = asyncio.Event(), asyncio.Event()
+
+    async def handler(request: httpx.Request) -> httpx.Response:
+        calls.append((request.method, str(request.url)))
+        if str(request.url) == f"{WORKER}/health":
+            answers = health["answers"]
+            if not answers:  # an engine still loading, that has not answered yet
+                asked.set()
+                await never.wait()
+            return httpx.Response(answers.pop(0))
+        if request.method == "GET":
+            return httpx.Response(200, json={"workers": []})
+        return httpx.Response(202, json={"status": "accepted"})
+
+    adapters, metrics = _adapters([RouterSpec("smg", SMG)], handler, clock)
+    adapters.join()
+    await _settle(adapters)
+    assert calls == [("GET", f"{WORKER}/health")] * 3 + [
+        ("GET", f"{SMG}/workers"), ("POST", f"{SMG}/workers")]
+    state = adapters.to_status()[0]
+    assert (state["state"], state["action"], state["note"]) == ("joined", "join", "added back")
+    assert state["attempts"] == 3
+
+    assert clock.slept == pytest.approx([0.02, 0.04])
+
+    calls.clear()
+    health["answers"] = [503] * 10
+    adapters.join()
+    await asyncio.wait_for(asked.wait(), 10)
+    assert max(clock.slept) == ra.JOIN_MAX_WAIT_S
+    adapters.drain_started(time.time() + 60)
+    await _settle(adapters)
+    assert ("POST", f"{SMG}/workers") not in calls
+    assert adapters.to_status()[0]["state"] == "removed"
+    assert _count(metrics, "smg", "join", "ok") == 1
+    assert _count(metrics, "smg", "join", "cancelled") == 1
     await adapters.close()
 
 
