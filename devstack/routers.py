@@ -11,6 +11,10 @@ Tests, benchmarks and local pod fleets (``devstack.local_stack``) start them her
     router.add_worker(url)             # and back (returns once the router routes to it)
     stop_router(router)                # SIGTERM, a bounded wait, SIGKILL
 
+    load = RouterLoad(router.url, clients=6, max_tokens=40, prefix="t")
+    running = asyncio.create_task(load.run())   # streams back to back until load.stop()
+    load.sent                          # every stream: when it was sent, what came back
+
 ``spawn(argv, log, env)`` starts the process (its output appended to ``log``, ``env`` the
 variables to add) and returns its ``Popen``: the tests' janitor, or ``LocalStack.spawn``.
 Neither router reports a port 0 bind, so the port is one found free a moment before
@@ -20,6 +24,7 @@ an engine and what its worker API does, as seen here.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -32,6 +37,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from devstack.sim.tokens import expected_tokens
+from router_client import sse
 
 ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("smg", "vllm-router")
@@ -234,3 +242,108 @@ def stop_router(router: RouterProcess, timeout_s: float = STOP_TIMEOUT_S) -> int
         except subprocess.TimeoutExpired:
             router.proc.kill()
     return router.proc.wait()
+
+
+# --- a streaming load through a router ------------------------------------------------------
+
+@dataclass
+class SentStream:
+    """One streaming completion the load sent, and what came back."""
+
+    request_id: str
+    """Its ``X-Request-Id`` (both routers pass it on; the engine logs it)."""
+    prompt: str
+    max_tokens: int
+    sent_at: float
+    """Epoch seconds just before the request left: the router chose a worker after this."""
+    tokens: list[str] = field(default_factory=list)
+    end: str | None = None
+    """``done`` ([DONE] came), ``handed_back`` (the engine's handed-back event came), ``error``
+    (an HTTP status other than 200, an error event, a broken or cut stream); None while it
+    runs."""
+    handed_back: dict[str, Any] | None = None
+    error: str | None = None
+    ended_at: float | None = None
+
+    def expected(self) -> list[str]:
+        """The tokens the simulated engines produce for this request, in full."""
+        return expected_tokens(self.prompt, self.max_tokens)
+
+    @property
+    def exact(self) -> bool:
+        """Ended [DONE] with exactly the expected tokens."""
+        return self.end == "done" and self.tokens == self.expected()
+
+    @property
+    def exact_prefix(self) -> bool:
+        """Ended handed back after exactly the first ``tokens`` expected tokens, as many as
+        the handed-back event says."""
+        return (self.end == "handed_back" and self.handed_back is not None
+                and self.handed_back.get("tokens") == len(self.tokens)
+                and self.tokens == self.expected()[:len(self.tokens)])
+
+
+class RouterLoad:
+    """``clients`` streaming completions at a time through ``url``, each client sending its
+    next one as soon as the last ended, until ``stop()``; every one is kept in ``sent``.
+
+    Request ``i`` is ``X-Request-Id: {prefix}-{i}`` with its own prompt, so the engines'
+    request logs say which engine took it."""
+
+    def __init__(self, url: str, *, clients: int, max_tokens: int, prefix: str,
+                 timeout_s: float = 60.0) -> None:
+        self.url = url
+        self.clients = clients
+        self.max_tokens = max_tokens
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.sent: list[SentStream] = []
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Send nothing new; ``run`` returns once the streams in flight ended."""
+        self._stopping.set()
+
+    def ended(self) -> list[SentStream]:
+        return [s for s in self.sent if s.end is not None]
+
+    async def run(self) -> list[SentStream]:
+        limits = httpx.Limits(max_connections=self.clients + 4)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                     limits=limits) as http:
+            await asyncio.gather(*(self._client(http) for _ in range(self.clients)))
+        return self.sent
+
+    async def _client(self, http: httpx.AsyncClient) -> None:
+        while not self._stopping.is_set():
+            i = len(self.sent)
+            stream = SentStream(f"{self.prefix}-{i}", f"{self.prefix} prompt {i}: why drain",
+                                self.max_tokens, time.time())
+            self.sent.append(stream)
+            await self._one(http, stream)
+            stream.ended_at = time.time()
+
+    async def _one(self, http: httpx.AsyncClient, stream: SentStream) -> None:
+        body = {"model": "sim", "prompt": stream.prompt, "max_tokens": stream.max_tokens,
+                "stream": True}
+        try:
+            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
+                                   headers={"X-Request-Id": stream.request_id}) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")[:200]
+                    stream.end, stream.error = "error", f"HTTP {response.status_code}: {text}"
+                    return
+                async for event in sse.events(response.aiter_lines()):
+                    if event == sse.DONE:
+                        stream.end = "done"
+                        return
+                    if not isinstance(event, dict) or "error" in event:
+                        stream.end, stream.error = "error", str(event)[:200]
+                        return
+                    if event.get("handed_back"):
+                        stream.end, stream.handed_back = "handed_back", event
+                        return
+                    stream.tokens.append(sse.chunk_text(event))
+            stream.end, stream.error = "error", "the stream ended without [DONE]"
+        except httpx.HTTPError as exc:
+            stream.end, stream.error = "error", repr(exc)[:200]
