@@ -125,17 +125,28 @@ class ChildProcess:
         """File descriptors to react to while serving (e.g. pidfds of own children)."""
         return {}
 
+    def serving(self) -> bool:
+        """Whether to go on serving; a subclass ends it from a watched fd's callback (a rank
+        told to finish by rank 0)."""
+        return True
+
     def serve(self) -> None:
-        """Block until a SIGTERM this process honours."""
-        while True:
+        """Block until a SIGTERM this process honours, or ``serving()`` turns False."""
+        while self.serving():
             watched = self.watched_fds()
             for fd in self.latch.wait(tuple(watched)):
                 watched[fd]()
-            for signum in self.latch.take():
-                self.record.signalled(signum)
-                if signum == signal.SIGTERM and not self.ignores_sigterm:
-                    return
-                self.record.update(detail=f"ignored {signal.Signals(signum).name}")
+            if self.honour_signals():
+                return
+
+    def honour_signals(self) -> bool:
+        """Record the signals received since the last call; True at a SIGTERM honoured."""
+        for signum in self.latch.take():
+            self.record.signalled(signum)
+            if signum == signal.SIGTERM and not self.ignores_sigterm:
+                return True
+            self.record.update(detail=f"ignored {signal.Signals(signum).name}")
+        return False
 
     def clean_up(self) -> int:
         self.record.cleanup_started()

@@ -16,14 +16,14 @@ real one. Chat completions and the calls real routers probe an engine with are
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from devstack.sim.openai_api import EngineControls, ServedModel, openai_routes
 from devstack.sim.streams import CompletionStreams, HandedBack, Token
@@ -92,9 +92,13 @@ def _parse_completion(body: Any) -> tuple[str, int, bool] | str:
 
 
 def build_app(
-    streams: CompletionStreams, controls: EngineControls, served: ServedModel | None = None
+    streams: CompletionStreams,
+    controls: EngineControls,
+    served: ServedModel | None = None,
+    extra_routes: Sequence[BaseRoute] = (),
 ) -> Starlette:
-    """The ASGI app of the main process; ``served`` describes it to routers' probes."""
+    """The ASGI app of the main process; ``served`` describes it to routers' probes;
+    ``extra_routes`` are a subclass's (a multi-node leader's ``/internal/group``)."""
 
     async def completions(request: Request) -> Response:
         parsed = await parse_body(request, _parse_completion)
@@ -139,6 +143,7 @@ def build_app(
             Route("/internal/handoff", handoff, methods=["POST"]),
             Route("/internal/resume", resume, methods=["POST"]),
             *openai_routes(streams, controls, served or ServedModel()),
+            *extra_routes,
         ],
     )
 

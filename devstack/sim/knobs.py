@@ -65,17 +65,43 @@ class EngineKnobs:
     every request, hand requests back on its drain (see ``devstack.sim.coordination``)."""
     coordinator_token_file: str = ""
     """File holding the coordinator's bearer token, if it needs one."""
+    nnodes: int = 1
+    """Pods the engine spans (SGLang's ``--nnodes``; a LeaderWorkerSet's ``LWS_GROUP_SIZE``).
+    Above 1 each pod runs ``schedulers`` ranks of one collective group, and only pod 0 serves
+    HTTP (``devstack.sim.group``)."""
+    node_rank: int = 0
+    """This pod's place in the group (``--node-rank``; ``LWS_WORKER_INDEX``): 0 leads."""
+    dist_init_addr: str = ""
+    """``HOST:PORT`` where rank 0 listens for the other ranks (``--dist-init-addr``; the
+    leader pod's address, ``LWS_LEADER_ADDRESS``). Needed when ``nnodes`` > 1."""
+    collective_timeout_s: float = 30.0
+    """How long a rank waits in a collective step for the others before it aborts, as
+    NCCL's watchdog does (torch's default is 10 minutes; a test wants seconds)."""
 
     def __post_init__(self) -> None:
         if self.schedulers < 0 or self.dp < 0 or self.hold_after_tokens < 0:
             raise SimArgumentError("--schedulers, --dp and --hold-after-tokens must be >= 0")
         if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0:
             raise SimArgumentError("intervals and timeouts must be >= 0")
+        self._check_group()
         roles = {r.value for r in Role}
         for spec in (*self.ignore_sigterm, *self.fork_on_shutdown, *self.daemonize):
             name, sep, rank = spec.partition(":")
             if name not in roles or (sep and not rank.isdigit()):
                 raise SimArgumentError(f"{spec!r} is not ROLE or ROLE:RANK ({sorted(roles)})")
+
+    def _check_group(self) -> None:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise SimArgumentError("--nnodes must be >= 1 and 0 <= --node-rank < --nnodes")
+        if self.collective_timeout_s <= 0:
+            raise SimArgumentError("--collective-timeout-s must be > 0")
+        if self.nnodes == 1:
+            return
+        host, _, port = self.dist_init_addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise SimArgumentError("--nnodes > 1 needs --dist-init-addr HOST:PORT")
+        if self.dp or self.schedulers < 1:
+            raise SimArgumentError("--nnodes > 1 needs --schedulers >= 1 and no --dp")
 
     def to_argv(self) -> list[str]:
         """Command-line flags that reproduce these knobs (defaults omitted)."""

@@ -107,6 +107,27 @@ def engine_argv(record_dir: Path, ready_file: Path, knobs: EngineKnobs) -> list[
     ]
 
 
+@dataclass(frozen=True)
+class EngineLaunch:
+    """An engine started but maybe not up yet (``launch_engine``): the pods of a multi-node
+    engine come up together, each waiting for the others to join its collective."""
+
+    proc: PopenLike
+    record_dir: Path
+    ready_file: Path
+
+    def wait_ready(self, timeout_s: float = DEFAULT_READY_TIMEOUT_S) -> EngineHandle:
+        """Return once the engine wrote its ready file; ``SimStartupError`` when it exits
+        first or ``timeout_s`` passes."""
+        ready = _wait_for_ready_file(self.proc, self.ready_file, timeout_s)
+        processes = [
+            SimProcess(pid=p["pid"], role=p["role"], ppid=p["ppid"], rank=p.get("rank"))
+            for p in ready["processes"]
+        ]
+        return EngineHandle(proc=self.proc, record_dir=self.record_dir, ready=ready,
+                            processes=processes)
+
+
 def start_engine(
     spawn: SpawnFn | None,
     record_dir: Path | str,
@@ -120,20 +141,30 @@ def start_engine(
     ``overrides`` are ``EngineKnobs`` fields (``teardown_s=1.0``, ``dp=2`` ...). Raises
     ``SimStartupError`` when the engine exits first or is not ready in ``ready_timeout_s``.
     """
+    return launch_engine(spawn, record_dir, knobs, **overrides).wait_ready(ready_timeout_s)
+
+
+def launch_engine(
+    spawn: SpawnFn | None,
+    record_dir: Path | str,
+    knobs: EngineKnobs | None = None,
+    *,
+    argv_prefix: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    **overrides: Any,
+) -> EngineLaunch:
+    """Start the engine without waiting for it. ``argv_prefix`` goes before the command
+    (``ip netns exec NAME`` puts it in a network namespace); ``env`` adds to its
+    environment (a pod's ``LWS_*`` variables)."""
     knobs = replace(knobs or EngineKnobs(), **overrides)
     record_dir = Path(record_dir)
     record_dir.mkdir(parents=True, exist_ok=True)
     ready_file = record_dir / READY_FILE_NAME
     ready_file.unlink(missing_ok=True)
-    argv = engine_argv(record_dir, ready_file, knobs)
-    env = engine_environment()
-    proc = spawn(argv, env=env) if spawn is not None else _popen_new_session(argv, env)
-    ready = _wait_for_ready_file(proc, ready_file, ready_timeout_s)
-    processes = [
-        SimProcess(pid=p["pid"], role=p["role"], ppid=p["ppid"], rank=p.get("rank"))
-        for p in ready["processes"]
-    ]
-    return EngineHandle(proc=proc, record_dir=record_dir, ready=ready, processes=processes)
+    argv = [*argv_prefix, *engine_argv(record_dir, ready_file, knobs)]
+    full_env = {**engine_environment(), **(env or {})}
+    proc = spawn(argv, env=full_env) if spawn is not None else _popen_new_session(argv, full_env)
+    return EngineLaunch(proc=proc, record_dir=record_dir, ready_file=ready_file)
 
 
 def engine_environment() -> dict[str, str]:

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 import uvicorn
+from starlette.routing import BaseRoute
 
 from devstack.sim.errors import SimArgumentError, SimStartupError
 from devstack.sim.http_app import build_app
@@ -102,17 +103,7 @@ class EngineMain:
 
     def child_specs(self) -> list[ChildSpec]:
         k = self.knobs
-        common = [
-            "--record-dir", str(self.record_dir),
-            "--teardown-s", str(k.teardown_s),
-            "--child-timeout-s", str(k.child_timeout_s),
-        ]  # fmt: skip
-        for spec in k.ignore_sigterm:
-            common += ["--ignore-sigterm", spec]
-        for spec in k.fork_on_shutdown:
-            common += ["--fork-on-shutdown", spec]
-        for spec in k.daemonize:
-            common += ["--daemonize", spec]
+        common = common_child_args(k, self.record_dir)
         specs: list[ChildSpec] = []
         if k.dp > 0:
             dp_args = ["--schedulers", str(k.dp), *common]
@@ -162,8 +153,9 @@ class EngineMain:
             on_exit=self._child_exited,
         )
         self.watchdog.start()
+        await self.on_children_started()
         config = uvicorn.Config(
-            build_app(self.streams, self, self.served_model()),
+            build_app(self.streams, self, self.served_model(), self.extra_routes()),
             log_level="warning",
             access_log=False,
             lifespan="off",
@@ -175,6 +167,14 @@ class EngineMain:
         if self.worker_client is not None:
             self.worker_client.close()
         return code
+
+    async def on_children_started(self) -> None:
+        """Called once every child is up and watched, before HTTP serves (a subclass's hook:
+        a multi-node leader connects to its rank 0 here)."""
+
+    def extra_routes(self) -> list[BaseRoute]:
+        """HTTP routes a subclass serves besides the engine's own."""
+        return []
 
     def served_model(self) -> ServedModel:
         """How this engine describes itself to routers (``/server_info``, ``/v1/models``)."""
@@ -298,6 +298,22 @@ class EngineMain:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def common_child_args(knobs: EngineKnobs, record_dir: Path) -> list[str]:
+    """The arguments every child of the engine takes (``child.child_arg_parser``)."""
+    args = [
+        "--record-dir", str(record_dir),
+        "--teardown-s", str(knobs.teardown_s),
+        "--child-timeout-s", str(knobs.child_timeout_s),
+    ]  # fmt: skip
+    for spec in knobs.ignore_sigterm:
+        args += ["--ignore-sigterm", spec]
+    for spec in knobs.fork_on_shutdown:
+        args += ["--fork-on-shutdown", spec]
+    for spec in knobs.daemonize:
+        args += ["--daemonize", spec]
+    return args
+
+
 def _descendants() -> list[psutil.Process]:
     try:
         return psutil.Process().children(recursive=True)
@@ -330,5 +346,9 @@ def main(argv: list[str] | None = None) -> None:
     except SimArgumentError as exc:
         parser.error(str(exc))
     args.record_dir.mkdir(parents=True, exist_ok=True)
+    if knobs.nnodes > 1:  # one pod of a multi-node engine: the leader or a follower
+        from devstack.sim.group.pod import run_pod
+
+        sys.exit(run_pod(knobs, record_dir=args.record_dir, ready_file=args.ready_file))
     engine = EngineMain(knobs, record_dir=args.record_dir, ready_file=args.ready_file)
     sys.exit(asyncio.run(engine.run()))

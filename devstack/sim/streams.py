@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from devstack.sim.tokens import TokenStream
@@ -44,6 +44,10 @@ class InflightRequest:
 
 
 HandoffListener = Callable[[HandedBack], None]
+StepGate = Callable[[], Awaitable[object]]
+"""Awaited before every token once the token interval has passed: a multi-node engine's
+front end waits there for the collective step that produces the token (``devstack.sim.group``).
+It may raise: the stream then fails, as a request does when its engine's ranks crash."""
 
 
 class CompletionStreams:
@@ -60,6 +64,8 @@ class CompletionStreams:
         self.completed = 0
         self.handed_back: list[HandedBack] = []
         self.listeners: list[HandoffListener] = []
+        self.step_gate: StepGate | None = None
+        """None (one process): a token is due when its interval has passed."""
         self._waiters: set[asyncio.Future[None]] = set()
         self._serial = 0
 
@@ -124,6 +130,24 @@ class CompletionStreams:
             if timer is not None:
                 timer.cancel()
             self._waiters.discard(waiter)
+        if self.step_gate is not None and not self.handing_back:
+            await self._step_or_hand_back(self.step_gate)
+
+    async def _step_or_hand_back(self, gate: StepGate) -> None:
+        """Wait for the gate's step, cut short by ``hand_back_all`` (a hung step must not
+        keep a drain from handing the request back)."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.add(waiter)
+        step = asyncio.ensure_future(gate())
+        try:
+            await asyncio.wait((step, waiter), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._waiters.discard(waiter)
+            if not step.done():
+                step.cancel()
+        if step.done() and not step.cancelled():
+            step.result()  # the gate's error, if any, ends the stream
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:
