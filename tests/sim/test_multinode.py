@@ -1,0 +1,234 @@
+"""The simulated multi-node engine: a leader pod and follower pods whose ranks step together.
+
+Real processes in pods of their own (a session each; a network namespace each where the
+machine allows it, else a loopback address each), real sockets between the ranks, real
+signals. What happened is read from each process's exit status and its own record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import signal
+import subprocess
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from devstack.sim import expected_tokens
+from devstack.sim.group.launcher import (
+    LWS_GROUP_SIZE,
+    LWS_LEADER_ADDRESS,
+    LWS_WORKER_INDEX,
+    GroupHandle,
+    start_group,
+)
+from devstack.sim.group.network import KIND_NETNS
+from devstack.sim.group.pod import EXIT_GROUP_BROKEN
+from devstack.sim.group.protocol import CAUSE_FINISHED, CAUSE_LEFT, CAUSE_TIMED_OUT
+from tests.sim.support import read_events
+from tests.support.processes import ProcessJanitor
+
+StartGroup = Callable[..., GroupHandle]
+EXIT_TIMEOUT_S = 60.0
+"""Bounds a failing test only: each wait below is for an event."""
+WORLD = 4
+"""A leader and 3 followers, one rank each."""
+
+
+@pytest.fixture
+def start_sim_group(janitor: ProcessJanitor, tmp_path: Path) -> Iterator[StartGroup]:
+    """Start a group (a leader and 3 followers, one rank each, unless told otherwise).
+
+    At the end every pod still running is SIGKILLed (its ranks die with it: PDEATHSIG) and
+    reaped, then the group's network namespaces are deleted; the janitor checks that
+    nothing is left."""
+    counter = itertools.count()
+    groups: list[GroupHandle] = []
+
+    def start(size: int = WORLD, **knobs: Any) -> GroupHandle:
+        knobs.setdefault("schedulers", 1)
+        knobs.setdefault("token_interval_ms", 2)
+        group = start_group(janitor.spawn, tmp_path / f"group-{next(counter)}", size, **knobs)
+        groups.append(group)
+        return group
+
+    yield start
+    for group in groups:
+        try:
+            group.kill()
+        finally:
+            group.close()
+
+
+async def _stream(
+    client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
+    on_token: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[list[str], dict[str, Any] | str]:
+    body = {"prompt": prompt, "max_tokens": max_tokens, "stream": True}
+    async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        assert response.status_code == 200
+        return await read_events(response, on_token)
+
+
+async def _exit_codes(group: GroupHandle) -> list[int]:
+    """Wait for every pod's main process to exit; their exit codes, the leader's first."""
+    return [await asyncio.to_thread(pod.engine.proc.wait, EXIT_TIMEOUT_S) for pod in group.pods]
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
+
+
+def _assert_nothing_left(group: GroupHandle) -> None:
+    """No process of any pod is in /proc (each was reaped by its parent), and no process is
+    left in any pod's network namespace."""
+    pids = {pid for pod in group.pods for pid in pod.pids()}
+    assert pids >= set(group.ranks().values())
+    assert [pid for pid in sorted(pids) if Path(f"/proc/{pid}").exists()] == []
+    for pod in group.pods:
+        if pod.place.netns:
+            inside = subprocess.run(["ip", "netns", "pids", pod.place.netns], check=True,
+                                    capture_output=True, text=True).stdout
+            assert inside.split() == []
+
+
+async def test_a_group_serves_streams_each_token_a_step_of_every_rank(
+    start_sim_group: StartGroup,
+) -> None:
+    """1. Start a leader and 3 followers. 2. Each pod is a session of its own with the
+    LeaderWorkerSet environment and an address of its own (a network namespace of its own
+    where the machine has them), its rank in its tree. 3. Three streams at once through the
+    leader yield exactly their expected tokens. 4. The leader stepped the group at least once
+    per token. 5. Finishing the group (what a group drain does) has every rank answer bye;
+    each follower pod then exits 0 on its own, and the leader exits 0 on SIGTERM. 6. Every
+    rank finished with exit 0 after the same number of steps, the stepper's; nothing is
+    left running."""
+    group = start_sim_group(graceful_main=True)
+    assert [pod.node_rank for pod in group.pods] == [0, 1, 2, 3]
+    assert group.ranks().keys() == {0, 1, 2, 3}
+    assert len({pod.address for pod in group.pods}) == WORLD
+    for pod in group.pods:
+        env = _environ(pod.pid)
+        assert (env[LWS_LEADER_ADDRESS], env[LWS_GROUP_SIZE], env[LWS_WORKER_INDEX]) == (
+            group.leader.address, str(WORLD), str(pod.node_rank))
+        assert all(os.getsid(pid) == pod.pid for pid in pod.pids())
+        assert pod.rank_pids() == {pod.node_rank: group.ranks()[pod.node_rank]}
+    if group.network.kind == KIND_NETNS:
+        namespaces = [{os.readlink(f"/proc/{pid}/ns/net") for pid in pod.pids()}
+                      for pod in group.pods]
+        assert all(len(ns) == 1 for ns in namespaces)
+        assert len(set.union(*namespaces)) == WORLD
+
+    prompts = {f"prompt {i}:": 8 + 8 * i for i in range(3)}
+    async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
+        streamed = await asyncio.gather(
+            *(_stream(client, group.url, p, n) for p, n in prompts.items()))
+        for (prompt, n), (tokens, last) in zip(prompts.items(), streamed, strict=True):
+            assert (tokens, last) == (expected_tokens(prompt, n), "[DONE]")
+        status = (await client.get(f"{group.url}/internal/group")).json()
+        assert (status["state"], status["world_size"]) == ("stepping", WORLD)
+        assert status["steps"] >= max(prompts.values())
+        finished = (await client.post(f"{group.url}/internal/group/finish")).json()
+    assert finished["state"] == "finished"
+    assert finished["finish"] == {"1": "bye", "2": "bye", "3": "bye"}
+
+    followers = [await asyncio.to_thread(pod.engine.proc.wait, EXIT_TIMEOUT_S)
+                 for pod in group.followers]
+    assert followers == [0, 0, 0]
+    os.kill(group.leader.pid, signal.SIGTERM)
+    assert await _exit_codes(group) == [0] * WORLD
+    for rank, record in group.rank_records().items():
+        assert (record["exit_code"], record["cause"], record["cleanup"]) == (
+            0, CAUSE_FINISHED, "finished"), rank
+        assert record["steps"] == finished["steps"], rank
+        assert record["hung"] is None
+    _assert_nothing_left(group)
+
+
+async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(
+    start_sim_group: StartGroup,
+) -> None:
+    """1. Start a group whose leader stops gracefully. 2. Mid-stream, SIGTERM the leader's
+    main process. 3. The stream is handed back with a correct prefix. 4. The leader hands
+    back, then stops its rank 0, which finishes the group before it exits: every pod's main
+    process exits 0, every rank finished its cleanup with exit 0 after the same steps, rank 0
+    heard every rank's bye. 5. Nothing is left in /proc or in the pods' namespaces."""
+    group = start_sim_group(graceful_main=True, teardown_s=0.1)
+    async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
+
+        async def stop_after_three(n: int) -> None:
+            if n == 3:
+                os.kill(group.leader.pid, signal.SIGTERM)
+
+        tokens, last = await _stream(client, group.url, "p", 100_000, stop_after_three)
+    assert isinstance(last, dict)
+    assert (last["handed_back"], last["tokens"]) == (True, len(tokens))
+    assert tokens == expected_tokens("p", len(tokens))
+
+    assert await _exit_codes(group) == [0] * WORLD
+    records = group.rank_records()
+    assert records.keys() == {0, 1, 2, 3}
+    assert records[0]["finish"] == {"1": "bye", "2": "bye", "3": "bye"}
+    assert records[0]["signal"] == "SIGTERM"
+    assert len({record["steps"] for record in records.values()}) == 1
+    for rank, record in records.items():
+        assert (record["exit_code"], record["cause"], record["cleanup"]) == (
+            0, CAUSE_FINISHED, "finished"), rank
+    _assert_nothing_left(group)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
+    start_sim_group: StartGroup, signum: int,
+) -> None:
+    """1. Start a group (stock leader, as SGLang is) with a short collective timeout.
+    2. Mid-stream, end rank 2 (SIGKILL, or SIGTERM as a per-pod drain would: it leaves the
+    group and exits 0 itself). 3. The stream is cut, never completed nor handed back.
+    4. The next step cannot complete: ranks 0, 1 and 3 hang, then abort (SIGABRT) with
+    "collective timed out", rank 0 naming rank 2 as the one it waited for. 5. The leader's
+    watchdog takes the front end down with rank 0 (-9); the other followers exit
+    EXIT_GROUP_BROKEN; rank 2's pod exits 0 only if rank 2 itself did."""
+    group = start_sim_group(collective_timeout_s=1.0)
+    victim = group.ranks()[2]
+    cut: BaseException | None = None
+    tokens: list[str] = []
+    last: dict[str, Any] | str = ""
+    async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
+
+        async def end_rank_two(n: int) -> None:
+            if n == 5:
+                os.kill(victim, signum)
+
+        try:
+            tokens, last = await _stream(client, group.url, "q", 100_000, end_rank_two)
+        except httpx.TransportError as exc:
+            cut = exc
+    assert cut is not None or (len(tokens) < 100_000 and last == "")
+
+    codes = await _exit_codes(group)
+    victim_ok = signum == signal.SIGTERM
+    assert codes == [-signal.SIGKILL, EXIT_GROUP_BROKEN, 0 if victim_ok else EXIT_GROUP_BROKEN,
+                     EXIT_GROUP_BROKEN]
+    records = group.rank_records()
+    for rank in (0, 1, 3):
+        record = records[rank]
+        assert (record["exit_code"], record["cause"]) == (-signal.SIGABRT, CAUSE_TIMED_OUT), rank
+        assert record["cleanup"] == "interrupted"
+        assert record["hung"]["step"] == records[0]["hung"]["step"]
+    assert records[0]["hung"]["waiting_for"] == [2]
+    assert "rank 2" in records[0]["hung"]["why"]
+    assert records[0]["peers_lost"] == {"2": "closed its connection"}
+    if victim_ok:
+        assert (records[2]["exit_code"], records[2]["cause"]) == (0, CAUSE_LEFT)
+    else:
+        assert records[2]["ended_at"] is None
+    leader = group.leader.engine.record_of(group.leader.pid)
+    assert leader is not None
+    assert leader["detail"].startswith("watchdog: scheduler")
+    _assert_nothing_left(group)
