@@ -53,6 +53,12 @@ class EngineKnobs:
     """Main process on SIGTERM: False mimics stock SGLang (SIGKILL its tree and itself,
     exit status 137); True hands back in-flight requests, stops its children with SIGTERM,
     a bounded wait and SIGKILL for stragglers, and exits 0."""
+    serve_open_streams_s: float = 0.0
+    """When > 0, the main process on SIGTERM serves its open streams to their end instead:
+    it stops accepting, waits up to this many seconds for every open response (the engine's
+    own graceful wait: vLLM's ``--shutdown-timeout``, SGLang's SIGTERM watchdog), cuts what
+    is left, then stops its children as ``graceful_main`` does and exits 0. 0: as
+    ``graceful_main`` says."""
     dp_no_propagate: bool = False
     """The DP controller exits on SIGTERM without stopping its schedulers (the failure mode:
     PDEATHSIG SIGKILLs them)."""
@@ -81,7 +87,8 @@ class EngineKnobs:
     def __post_init__(self) -> None:
         if self.schedulers < 0 or self.dp < 0 or self.hold_after_tokens < 0:
             raise SimArgumentError("--schedulers, --dp and --hold-after-tokens must be >= 0")
-        if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0:
+        if self.token_interval_ms < 0 or self.teardown_s < 0 or self.child_timeout_s < 0 \
+                or self.serve_open_streams_s < 0:
             raise SimArgumentError("intervals and timeouts must be >= 0")
         self._check_group()
         roles = {r.value for r in Role}

@@ -17,7 +17,9 @@ place, ``handle_signal``:
   exits 137 and no child runs its cleanup;
 - ``--graceful-main``: stand the watchdog down, hand in-flight requests back, stop HTTP,
   SIGTERM the direct children, wait up to ``--child-timeout-s``, SIGKILL stragglers (and
-  anything below them), run its own teardown, exit 0.
+  anything below them), run its own teardown, exit 0;
+- ``--serve-open-streams-s S``: the engine's own graceful wait: stop accepting, serve every
+  open stream to its end for up to S seconds, then stop the children as above, exit 0.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -240,6 +243,9 @@ class EngineMain:
                 or self._dying:  # the watchdog is killing the tree: its record stands
             return
         self.shutting_down = True
+        if self.knobs.serve_open_streams_s > 0:
+            self._serve_open_streams(signum)
+            return
         if not self.knobs.graceful_main:
             self._kill_tree_and_self(f"stock shutdown on {signal_name(signum)}")
             return
@@ -249,6 +255,23 @@ class EngineMain:
         self.record.cleanup_started(detail=f"graceful shutdown on {signal_name(signum)}")
         self.streams.hand_back_all()
         if self.server is not None:
+            self.server.should_exit = True
+
+    def _serve_open_streams(self, signum: int) -> None:
+        """The engine's own graceful wait (``--serve-open-streams-s``): open streams run to
+        their end, within the bound; then ``_finish_graceful_shutdown`` as for a graceful
+        main process."""
+        # 1. Child exits from here on are the shutdown's own, not a crash.
+        if self.watchdog is not None:
+            self.watchdog.stand_down()
+        self.record.cleanup_started(
+            detail=f"serving open streams to their end on {signal_name(signum)}")
+        self.record.update(streams_open_at_signal=len(self.streams.inflight))
+        # 2. Stop accepting; uvicorn waits up to the bound for the open responses, then
+        #    cancels what is left (those streams are cut).
+        if self.server is not None:
+            self.server.config.timeout_graceful_shutdown = math.ceil(
+                self.knobs.serve_open_streams_s)
             self.server.should_exit = True
 
     async def _finish_graceful_shutdown(self) -> int:
