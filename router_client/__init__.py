@@ -8,6 +8,10 @@
 
     HandedBack.from_event(event)                     # an engine stream's last event, or None
 
+    client = ContinuingClient("http://router:30000", coordinators=[...])
+    async for chunk in client.stream("/v1/completions", body): ...   # handed-back streams
+                                                     # continued through the same router
+
 What coordinators answer comes back as frozen dataclasses (``router_client.messages``:
 ``RouterStatus``, ``WorkerEntry``, ``Migration``, ``AckResult``, ...); a field they need that
 is missing or mistyped is a ``MalformedAnswer``. The protocol's strings (phases, worker
@@ -18,7 +22,14 @@ on it; the protocol is in docs/protocol.md. Only httpx is needed; nothing here i
 coordinator or devstack.
 """
 
-from router_client.errors import MalformedAnswer, RouterClientError
+from router_client.continuation import ContinuationStats, ContinuingClient, RetryPolicy
+from router_client.errors import (
+    InvalidRequest,
+    MalformedAnswer,
+    RouterClientError,
+    StreamFailed,
+    UpstreamRejected,
+)
 from router_client.messages import (
     AckResult,
     DrainInfo,
@@ -28,18 +39,26 @@ from router_client.messages import (
     RouterStatus,
     WorkerEntry,
 )
+from router_client.openai_requests import Refusal
 from router_client.watch import CoordinatorView, Watcher
 
 __all__ = [
     "AckResult",
+    "ContinuationStats",
+    "ContinuingClient",
     "CoordinatorView",
     "DrainInfo",
     "HandedBack",
+    "InvalidRequest",
     "MalformedAnswer",
     "Migration",
     "MigrationCounts",
+    "Refusal",
+    "RetryPolicy",
     "RouterClientError",
     "RouterStatus",
+    "StreamFailed",
+    "UpstreamRejected",
     "Watcher",
     "WorkerEntry",
 ]

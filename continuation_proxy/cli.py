@@ -1,0 +1,167 @@
+"""``python -m continuation_proxy``: run the proxy.
+
+    python -m continuation_proxy --upstream http://127.0.0.1:30000 \\
+        [--coordinator URL ...] [--token-file FILE] [--host 127.0.0.1] [--port 0] \\
+        [--ready-file FILE]
+
+Once listening it writes ``{"pid", "port", "url"}`` to the ready file (atomically) and prints
+it on one line. SIGTERM or SIGINT stop it: it stops accepting, gives open streams
+``--shutdown-timeout`` seconds to end, and exits 0; a second SIGINT (or SIGQUIT) stops it at
+once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from collections.abc import Generator
+from types import FrameType
+
+import httpx
+import uvicorn
+
+from continuation_proxy.app import build_app
+from continuation_proxy.bodies import MAX_BODY_BYTES, Limits
+from router_client import ContinuingClient
+from router_client.continuation import MAX_CONTINUATIONS, READ_TIMEOUT_S
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+"""argparse's code for a command line it refuses; also an unreadable or empty token file."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+SHUTDOWN_TIMEOUT_S = 10.0
+"""How long open streams may run on after a stop signal (s) before they are cut."""
+TOKEN_ENV = "SHUTDOWN_COORDINATOR_TOKEN"
+
+
+class ProxyServer(uvicorn.Server):
+    """uvicorn's server, stopped by signals it only records (the loop acts on them), and
+    exiting 0: uvicorn would re-raise the signal after serving."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.stop_signals: list[int] = []
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self.stop_signals.append(sig)
+
+    async def on_tick(self, counter: int) -> bool:
+        if self.stop_signals:
+            self.should_exit = True
+            if signal.SIGQUIT in self.stop_signals or self.stop_signals.count(
+                    signal.SIGINT) > 1:
+                self.force_exit = True
+        return await super().on_tick(counter)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m continuation_proxy",
+        description="Continue handed-back streams through an OpenAI-compatible router.")
+    parser.add_argument("--upstream", required=True, metavar="URL",
+                        help="the router (or engine) every request goes to")
+    parser.add_argument("--coordinator", action="append", default=[], metavar="URL",
+                        help="a coordinator to acknowledge handoffs to (repeatable)")
+    parser.add_argument("--token-file", metavar="FILE",
+                        help=f"the coordinators' bearer token (else ${TOKEN_ENV})")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument("--ready-file", metavar="FILE",
+                        help="write {pid, port, url} here once listening")
+    parser.add_argument("--max-continuations", type=int, default=MAX_CONTINUATIONS)
+    parser.add_argument("--max-body-bytes", type=int, default=MAX_BODY_BYTES)
+    parser.add_argument("--no-token-ids", dest="token_ids", action="store_false",
+                        help="never ask completions for token ids (continue by text)")
+    parser.add_argument("--shutdown-timeout", type=float, default=SHUTDOWN_TIMEOUT_S)
+    parser.add_argument("--log-level", default="warning")
+    args = parser.parse_args(argv)
+    if not args.upstream.startswith(("http://", "https://")):
+        parser.error("--upstream must be an http:// or https:// URL")
+    if args.max_continuations < 0 or args.max_body_bytes <= 0:
+        parser.error("--max-continuations must be >= 0 and --max-body-bytes > 0")
+    return args
+
+
+def read_token(path: str | None) -> str | None:
+    """The token from ``path`` (stripped), else the environment's; SystemExit(2) for a file
+    that cannot be read or is empty: a proxy whose acks are refused would lose them."""
+    if path is None:
+        return os.environ.get(TOKEN_ENV) or None
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SystemExit(f"--token-file {path}: cannot read it: {exc}") from None
+    if not token:
+        raise SystemExit(f"--token-file {path}: it is empty")
+    return token
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """1. Bind the socket (port 0: the kernel picks) and listen, so connections queue
+       before uvicorn accepts.
+    2. Write the ready file, print the same line.
+    3. Serve until a stop signal; then close the clients."""
+    token = read_token(args.token_file)
+    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
+                             limits=httpx.Limits(max_connections=None,
+                                                 max_keepalive_connections=256))
+    client = ContinuingClient(args.upstream, coordinators=args.coordinator, token=token,
+                              http=http, max_continuations=args.max_continuations,
+                              ask_token_ids=args.token_ids)
+    app = build_app(client, http, Limits(max_body_bytes=args.max_body_bytes))
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((args.host, args.port))
+    sock.listen(2048)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=args.log_level, lifespan="off",
+                            timeout_graceful_shutdown=args.shutdown_timeout)
+    server = ProxyServer(config)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    ready = {"pid": os.getpid(), "port": port, "url": f"http://{host}:{port}"}
+    if args.ready_file:
+        _write_atomically(args.ready_file, json.dumps(ready))
+    print(json.dumps(ready), flush=True)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        await client.aclose()
+        await http.aclose()
+
+
+def _write_atomically(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(serve(args))
+    except SystemExit as exc:
+        if isinstance(exc.code, str):
+            print(exc.code, file=sys.stderr)
+            return EXIT_USAGE
+        raise
+    return EXIT_OK

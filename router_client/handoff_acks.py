@@ -1,0 +1,91 @@
+"""Acknowledge handed-back requests to coordinators the continuation layer knows only by URL.
+
+A layer in front of a router does not know which pod served a stream: the handed-back event
+names the request, not the worker. So every coordinator is watched (``Watcher``, one
+long-poll each, ``?view=router``), and a handoff is acknowledged to the coordinator that
+lists it, as soon as one does (its worker's batched report usually lands within a few
+milliseconds of the event). One that none lists within ``FIND_WITHIN_S`` (its report was
+lost, or its coordinator is not in the list) is acknowledged to all of them: each remembers
+it as an early acknowledgement and applies it if the handoff is ever reported.
+
+The continuation never waits for any of this: each acknowledgement runs in a task of its
+own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Sequence
+
+from router_client.watch import Watcher
+
+log = logging.getLogger("router_client.continuation")
+
+FIND_WITHIN_S = 2.0
+"""How long a handoff may take to be listed by its coordinator before it is acknowledged to
+every coordinator (s): far above a report's coalescing window and round trip, far below any
+drain's migration budget."""
+
+
+class HandoffAcks:
+    """Acknowledges handoffs to ``coordinators`` in the background (nothing without any)."""
+
+    def __init__(self, coordinators: Sequence[str], *, token: str | None = None,
+                 find_within_s: float = FIND_WITHIN_S) -> None:
+        urls = [c.rstrip("/") for c in coordinators]
+        # The Watcher maps worker URLs to coordinators; here each coordinator stands for
+        # the workers nobody named, and acks go by request id alone.
+        self._watcher = Watcher({u: u for u in urls}, token=token) if urls else None
+        self._started = False
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.find_within_s = find_within_s
+        self.acked = 0
+        """Handoffs a coordinator took (``acked`` or ``early``)."""
+
+    def start(self) -> None:
+        """Start watching (inside the running loop; again is a no-op)."""
+        if self._watcher is not None and not self._started:
+            self._started = True
+            self._watcher.start()
+
+    def ack_later(self, request_id: str) -> None:
+        """Acknowledge ``request_id`` in the background."""
+        if self._watcher is None:
+            return
+        self.start()
+        task = asyncio.get_running_loop().create_task(self._ack(self._watcher, request_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def listing(self, request_id: str) -> str | None:
+        """The coordinator that lists ``request_id`` as pending, if any."""
+        if self._watcher is None:
+            return None
+        for url, view in self._watcher.views.items():
+            if view.status is not None and view.status.migration(request_id) is not None:
+                return url
+        return None
+
+    async def _ack(self, watcher: Watcher, request_id: str) -> None:
+        """1. Wait (up to ``find_within_s``) for a coordinator to list the handoff.
+        2. Acknowledge it there, or to every coordinator when none does."""
+        await watcher.wait_for(lambda: self.listing(request_id) is not None,
+                               self.find_within_s)
+        target = self.listing(request_id)
+        try:
+            taken = await watcher.ack([request_id], target)
+        except Exception as exc:  # a background task: log, never crash the loop
+            log.warning("acknowledging %s failed: %s", request_id, exc)
+            return
+        self.acked += bool(taken)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._watcher is not None:
+            await self._watcher.close()
