@@ -27,8 +27,8 @@ from starlette.routing import Route
 from continuation_proxy import metrics
 from continuation_proxy.bodies import BadBody, Limits, parse_json, read_body
 from router_client import ContinuingClient, InvalidRequest, StreamFailed, UpstreamRejected
-from router_client.continuation import HOP_BY_HOP
 from router_client.openai_requests import PATHS, check_request
+from router_client.upstream import HOP_BY_HOP
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
 FAILED_UPSTREAM = {"upstream_error", "upstream_malformed"}

@@ -30,7 +30,8 @@ import uvicorn
 from continuation_proxy.app import build_app
 from continuation_proxy.bodies import MAX_BODY_BYTES, Limits
 from router_client import ContinuingClient
-from router_client.continuation import MAX_CONTINUATIONS, READ_TIMEOUT_S
+from router_client.continuation import MAX_CONTINUATIONS
+from router_client.upstream import READ_TIMEOUT_S
 
 EXIT_OK = 0
 EXIT_USAGE = 2

@@ -22,7 +22,7 @@ on it; the protocol is in docs/protocol.md. Only httpx is needed; nothing here i
 coordinator or devstack.
 """
 
-from router_client.continuation import ContinuationStats, ContinuingClient, RetryPolicy
+from router_client.continuation import ContinuationStats, ContinuingClient
 from router_client.errors import (
     InvalidRequest,
     MalformedAnswer,
@@ -40,6 +40,7 @@ from router_client.messages import (
     WorkerEntry,
 )
 from router_client.openai_requests import Refusal
+from router_client.upstream import RetryPolicy
 from router_client.watch import CoordinatorView, Watcher
 
 __all__ = [

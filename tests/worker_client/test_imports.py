@@ -1,6 +1,7 @@
-"""worker_client's public surface and its shape. That it and router_client import nothing of
-the service (every module, in a fresh interpreter with the service's dependencies blocked) is
-tests/test_layering.py's."""
+"""worker_client's public surface and its shape, and the continuation layer's (router_client's
+continuation modules, the continuation proxy): small modules, and imports that keep each on
+its side. That the clients import nothing of the service (every module, in a fresh
+interpreter with the service's dependencies blocked) is tests/test_layering.py's."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import continuation_proxy
+import router_client
 import worker_client
+from tests.test_layering import _violations
 from worker_client import errors
 
 PACKAGE = Path(worker_client.__file__).parent
@@ -70,3 +74,42 @@ def test_no_http_library_is_loaded() -> None:
     seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           check=True, cwd=PACKAGE.parent).stdout.strip()
     assert seen == "[]"
+
+
+# -- the router side's continuation layer: router_client's new modules and the proxy.
+
+ROUTER_CLIENT = Path(router_client.__file__).parent
+PROXY = Path(continuation_proxy.__file__).parent
+CONTINUATION = {"ContinuingClient", "ContinuationStats", "RetryPolicy", "Refusal",
+                "InvalidRequest", "UpstreamRejected", "StreamFailed"}
+
+
+def test_the_continuation_layer_is_public_and_small() -> None:
+    """1. router_client exports the continuation layer's names.
+    2. No module of router_client or continuation_proxy is past MAX_MODULE_LINES."""
+    assert set(router_client.__all__) >= CONTINUATION
+    for name in CONTINUATION:
+        assert hasattr(router_client, name), name
+    sizes = {p.name: len(p.read_text().splitlines())
+             for p in [*ROUTER_CLIENT.glob("*.py"), *PROXY.glob("*.py")]}
+    assert max(sizes.values()) <= MAX_MODULE_LINES, sizes
+
+
+def test_the_continuation_client_loads_no_web_framework() -> None:
+    """1. In a fresh interpreter, import router_client.continuation and build a client.
+    2. Neither a web framework (Starlette, uvicorn, FastAPI) nor anything of coordinator,
+       worker_client or devstack was loaded: an application's own process can use it."""
+    probe = ("import sys, router_client.continuation as c; c.ContinuingClient('http://x'); "
+             "print(sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'uvicorn', "
+             "'fastapi', 'coordinator', 'worker_client', 'devstack'}))")
+    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=ROUTER_CLIENT.parent).stdout.strip()
+    assert seen == "[]"
+
+
+def test_the_proxy_imports_neither_the_service_nor_the_engine_side() -> None:
+    """1. Parse every module of continuation_proxy (tests/test_layering.py's reader: imports
+       at any depth, import_module, ``-m`` argv).
+    2. None imports coordinator, devstack or worker_client."""
+    assert not _violations(("continuation_proxy",), ("coordinator", "devstack",
+                                                     "worker_client"))

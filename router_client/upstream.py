@@ -1,0 +1,180 @@
+"""Upstream attempts of a continued stream: each one opened, its first event read, and
+retried while the upstream refuses it.
+
+A refusal is what may pass if tried again: no connection, an answer in ``RETRY_STATUSES``
+(the router has no worker yet, or sent the attempt to one going away), or a stream handed
+back (or ended) before its first token (the router still sends work to a draining pod).
+Each try is a new upstream request with an ``X-Request-Id`` of its own, so every handoff an
+engine reports has its own id. Any other status is the upstream's verdict on the request:
+``UpstreamRejected``, not retried.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from router_client import sse
+from router_client.errors import MalformedAnswer, UpstreamRejected
+from router_client.messages import HandedBack
+
+Event = dict[str, Any] | str
+"""An event of a stream: a chunk (or error) object, or ``sse.DONE``."""
+
+READ_TIMEOUT_S = 300.0
+"""Longest silence inside an upstream stream (s) before it counts as broken: a long prompt's
+prefill on a loaded engine comes first."""
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+"""Answers that may pass: the router has no worker yet, or sent the attempt to one that is
+going away. Any other status is the router's verdict on the request and is relayed."""
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
+    "trailer", "transfer-encoding", "upgrade", "host", "content-length", "accept-encoding",
+})  # fmt: skip
+"""Headers that belong to one connection, never forwarded (RFC 9110 7.6.1), with the body's
+length and encoding, which the sender sets itself."""
+
+
+class Refused(Exception):
+    """An attempt that may pass if tried again; ``status`` and ``body`` say what happened."""
+
+    def __init__(self, status: int, body: bytes, content_type: str = "application/json"
+                 ) -> None:
+        super().__init__(f"{status}: {body[:300].decode(errors='replace')}")
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How an upstream attempt that is refused is retried."""
+
+    attempts: int = 8
+    """Tries of one attempt in all."""
+    within_s: float = 10.0
+    """No new try after this long (s): about the router's own time to learn of a drain
+    from its health check, far below a drain's migration budget."""
+    first_wait_s: float = 0.05
+    max_wait_s: float = 1.0
+    """Waits double from ``first_wait_s`` up to this (s), with jitter, so continuations
+    that a drain released together do not come back together."""
+
+    def retrying(self) -> AsyncRetrying:
+        return AsyncRetrying(
+            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.within_s),
+            wait=wait_exponential_jitter(initial=self.first_wait_s, max=self.max_wait_s),
+            retry=retry_if_exception_type(Refused), reraise=True)
+
+
+@dataclass
+class Attempt:
+    """One upstream attempt, open, its first event read."""
+
+    response: httpx.Response
+    events: AsyncIterator[Event]
+    first: Event
+    outcome: str = "broken"
+    """How it ended: ``done``, ``handed_back``, ``broken``, ``error`` (the upstream sent an
+    error event) or ``malformed`` (not server-sent events of JSON)."""
+    handed: HandedBack | None = None
+
+
+class Upstream:
+    """Opens attempts on ``url`` (a router's base URL)."""
+
+    def __init__(self, url: str, http: httpx.AsyncClient, retry: RetryPolicy, *,
+                 on_handed_back: Callable[[HandedBack], None],
+                 on_retry: Callable[[], None]) -> None:
+        self.url = url.rstrip("/")
+        self.http = http
+        self.retry = retry
+        self.on_handed_back = on_handed_back
+        """Told of a stream handed back before its first token (to count and acknowledge
+        it: its engine reported it to its coordinator like any other)."""
+        self.on_retry = on_retry
+
+    async def open(self, path: str, body: dict[str, Any], headers: Mapping[str, str],
+                   ids: Iterator[str]) -> Attempt:
+        """An attempt, open; refused tries are retried (``retry``), each with the next of
+        ``ids`` as its ``X-Request-Id``. Raises the last ``Refused`` when the policy gives
+        up, ``UpstreamRejected`` at once for any other answer but 200."""
+        async for retry in self.retry.retrying():
+            with retry:
+                if retry.retry_state.attempt_number > 1:
+                    self.on_retry()
+                return await self._try(path, body, headers, next(ids))
+        raise AssertionError("tenacity re-raises the last refusal")  # pragma: no cover
+
+    async def _try(self, path: str, body: dict[str, Any], headers: Mapping[str, str],
+                   upstream_id: str) -> Attempt:
+        """1. Send the request; no connection is a refusal.
+        2. Not 200: a status that may pass is a refusal, any other the upstream's verdict.
+        3. Read the first event; a stream that ends or is handed back before it has any
+           token is a refusal too."""
+        request = self.http.build_request("POST", self.url + path, json=body,
+                                          headers={**headers, "X-Request-Id": upstream_id})
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise Refused(502, _detail(f"upstream unreachable: {exc!r}")) from exc
+        if response.status_code != 200:
+            try:
+                content = await response.aread()
+            except httpx.TransportError:
+                content = b""
+            finally:
+                await response.aclose()
+            kind = response.headers.get("content-type", "application/json")
+            if response.status_code in RETRY_STATUSES:
+                raise Refused(response.status_code, content, kind)
+            raise UpstreamRejected(response.status_code, content, kind)
+        events = sse.events(response.aiter_lines())
+        try:
+            first = await anext(events, None)
+        except (httpx.TransportError, ValueError) as exc:
+            await response.aclose()
+            raise Refused(502, _detail(f"upstream stream broke at once: {exc!r}")) from exc
+        handed = handed_back(first) if isinstance(first, dict) else None
+        if first is None or (handed is not None and handed.tokens == 0):
+            await response.aclose()
+            if handed is not None:
+                self.on_handed_back(handed)
+            raise Refused(503, _detail("upstream ended the stream before its first token"))
+        return Attempt(response, events, first)
+
+
+def upstream_headers(headers: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
+    """The request's id (its ``X-Request-Id``, or a new one) and the headers every upstream
+    attempt carries (the caller's, but for the connection's own)."""
+    sent: dict[str, str] = {}
+    request_id = ""
+    for name, value in (headers or {}).items():
+        lower = name.lower()
+        if lower == "x-request-id":
+            request_id = value
+        elif lower not in HOP_BY_HOP:
+            sent[name] = value
+    return request_id or f"cont-{uuid4().hex}", sent
+
+
+def handed_back(event: dict[str, Any]) -> HandedBack | None:
+    """The handed-back event, parsed; None for an ordinary chunk or a malformed one (which
+    then counts as a broken stream: its tokens are not known)."""
+    try:
+        return HandedBack.from_event(event)
+    except MalformedAnswer:
+        return None
+
+
+def _detail(message: str) -> bytes:
+    return sse.encode({"detail": message})[len(b"data: "):-2]
