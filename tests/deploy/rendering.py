@@ -60,7 +60,7 @@ COMBINED = (
     Variant("sglang-httpget", "sglang", ("prestop-httpget",)),
     Variant("dynamo-servicemonitor", "dynamo-worker", ("servicemonitor",)),
     Variant("sglang-smg", "sglang", ("router-smg",)),
-    Variant("vllm-router-classic", "vllm", ("router-vllm-router", "classic-sidecar")),
+    Variant("trtllm-vllm-router", "trtllm", ("router-vllm-router", "classic-sidecar")),
     Variant(
         "adopted-everything",
         "adopted-vllm",

@@ -140,7 +140,7 @@ def _config_name(rendered: Rendered) -> str:
     return str(refs[0]["configMapRef"]["name"])
 
 
-_SOURCES = {"adoption": "adopted-vllm", "router-worker-url": "vllm-router-classic"}
+_SOURCES = {"adoption": "adopted-vllm", "router-worker-url": "trtllm-vllm-router"}
 """The rendering each check is broken in, when not the vLLM overlay's."""
 
 

@@ -13,174 +13,26 @@ the pod is deleted as the kubelet does it: the engine container's rendered preSt
 is judged from ground truth: the engine's own end records, its root's wait status, ``/proc``.
 """
 
+
 from __future__ import annotations
 
-import json
 import signal
-import subprocess
-import sys
-import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from coordinator.engines import PROFILES
-from devstack.sim import EngineHandle, EngineKnobs, expected_tokens, start_engine
-from tests.deploy.engine_shapes import RELEASE, install, moved, spawner
+from devstack.sim import expected_tokens
+from tests.deploy.engine_shapes import RELEASE
 from tests.deploy.held_stream import Stream, alive, watch
-from tests.deploy.rendering import SHIPPED, Rendered, kubectl, render, stage
-from tests.service.servers import ROOT, Running
+from tests.deploy.rendering import kubectl
+from tests.deploy.simulated_pod import PROMPT, STREAM_TOKENS, Kubelet, start_pod
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [
     pytest.mark.skipif(kubectl() is None, reason="kubectl is needed to render the overlays"),
     pytest.mark.timeout(120),
 ]
-
-SHAPES = {
-    # Two TP schedulers and a detokenizer, each with PDEATHSIG; the main process's watchdog
-    # SIGKILLs the tree when one of them exits while it is armed (SubprocessWatchdog).
-    "sglang": EngineKnobs(schedulers=2, watchdog=True, teardown_s=0.2),
-    # Two MPI workers (the sim's schedulers; the sim always adds a detokenizer child, here in
-    # the place of a postprocess worker). The watchdog stands for an executor that fails when
-    # a worker dies under it (proxy.py: a worker's failure goes to its error queue).
-    "trtllm": EngineKnobs(schedulers=2, watchdog=True, teardown_s=0.2),
-}
-HOLD_AT = 5
-"""Tokens a stream streams before it waits for the test's release."""
-STREAM_TOKENS = 40
-PROMPT = "Drain me whole:"
-TOKEN = "overlay-token"
-
-
-@dataclass
-class Pod:
-    """A rendered overlay, running here: its engine and its coordinator."""
-
-    rendered: Rendered
-    engine: EngineHandle
-    coordinator: Running
-    tmp: Path
-
-    @property
-    def root(self) -> subprocess.Popen[Any]:
-        """The engine's root: the container's main process, started by this test."""
-        return cast("subprocess.Popen[Any]", self.engine.proc)
-
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.engine.processes]
-
-    def records(self) -> dict[int, dict[str, Any]]:
-        return {r["pid"]: r for r in self.engine.records()}
-
-
-def rendered(name: str, scratch: Path) -> Rendered:
-    variant = next(v for v in SHIPPED if v.name == name)
-    return Rendered(variant, render(stage(scratch), variant))
-
-
-def start_pod(janitor: ProcessJanitor, tmp: Path, overlay: str,
-              profile: str | None = None) -> Pod:
-    """1. Render the overlay; its engine command runs the simulated engine in the engine's
-       shape, its ``--host``/``--port`` moved onto loopback.
-    2. Start the coordinator with the rendered ConfigMap (addresses and paths moved; the
-       profile's metrics URL pointed at the engine; confined to the engine's tree, as the
-       pod's PID namespace confines it). ``profile`` replaces the overlay's engine profile,
-       keeping the adoption patterns the overlay's profile gives.
-    3. Wait until the coordinator lists the engine's whole tree.
-    """
-    pod = rendered(overlay, tmp / "render")
-    container = pod.engine
-    installed = install(container["command"], tmp / "engine-bin")
-    with (tmp / "engine.log").open("ab") as log:
-        spawn = spawner(janitor.spawn, installed, moved(container.get("args") or []),
-                        HOLD_AT, stdout=log, stderr=subprocess.STDOUT)
-        engine = start_engine(spawn, tmp / "records", SHAPES[overlay])
-
-    settings = dict(pod.settings)
-    named = PROFILES[settings["SHUTDOWN_COORDINATOR_ENGINE"]]
-    metrics = settings.get("SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL") or named.metrics_url
-    (tmp / "token").write_text(TOKEN + "\n")
-    settings.update({
-        "SHUTDOWN_COORDINATOR_HOST": "127.0.0.1",
-        "SHUTDOWN_COORDINATOR_PORT": "0",
-        "SHUTDOWN_COORDINATOR_PORT_FILE": str(tmp / "port.json"),
-        "SHUTDOWN_COORDINATOR_TOKEN_FILE": str(tmp / "token"),
-        "SHUTDOWN_COORDINATOR_STATE_FILE": str(tmp / "state.json"),
-        "SHUTDOWN_COORDINATOR_DOORBELL": str(tmp / "doorbell"),
-        "SHUTDOWN_COORDINATOR_CONFINE_TO_PID": str(engine.pid),
-    })
-    if metrics:
-        parts = urlsplit(metrics)
-        settings["SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL"] = urlunsplit(
-            parts._replace(netloc=f"127.0.0.1:{engine.port}"))
-    if profile is not None:
-        settings["SHUTDOWN_COORDINATOR_ENGINE"] = profile
-        settings["SHUTDOWN_COORDINATOR_ADOPT_PATTERNS"] = json.dumps(named.adopt_patterns)
-        settings.pop("SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL", None)
-    with (tmp / "coordinator.log").open("ab") as handle:
-        proc = janitor.spawn([sys.executable, "-m", "coordinator", "serve"], cwd=ROOT,
-                             env=settings, stdout=handle, stderr=subprocess.STDOUT,
-                             service=True)
-    url = wait_for(lambda: (tmp / "port.json").exists()
-                   and json.loads((tmp / "port.json").read_text())["url"],
-                   what="the coordinator listening")
-    coordinator = Running(proc=proc, url=url, token=TOKEN, log=tmp / "coordinator.log")
-    running = Pod(pod, engine, coordinator, tmp)
-    watch(coordinator, lambda s: set(running.pids) <= {p["pid"] for p in s["processes"]},
-          "the coordinator lists the engine's whole tree")
-    return running
-
-
-class Kubelet:
-    """The kubelet deleting the pod: the engine container's rendered preStop hook (the exec
-    command, its script from the rendered ConfigMap, URL and token file moved), then, once
-    the hook returned, SIGTERM to the container's main process (the engine's root)."""
-
-    def __init__(self, janitor: ProcessJanitor, pod: Pod) -> None:
-        self.pod = pod
-        container = pod.rendered.engine
-        command = container["lifecycle"]["preStop"]["exec"]["command"]
-        script = command[1]
-        volume = pod.rendered.volume_at(container, script)
-        assert volume is not None
-        source = pod.rendered.named("ConfigMap", volume["configMap"]["name"])
-        hook = pod.tmp / "hook" / Path(script).name
-        hook.parent.mkdir()
-        hook.write_text(source["data"][hook.name])
-        env = pod.rendered.env(container)
-        assert env["SHUTDOWN_COORDINATOR_URL"]["value"].startswith("http://127.0.0.1:")
-        assert "SHUTDOWN_COORDINATOR_TOKEN_FILE" in env
-        self.proc = janitor.spawn(
-            [sys.executable, str(hook), *command[2:]],
-            env={"SHUTDOWN_COORDINATOR_URL": pod.coordinator.url,
-                 "SHUTDOWN_COORDINATOR_TOKEN_FILE": str(pod.tmp / "token")},
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.output = ""
-        self._thread = threading.Thread(target=self._after_the_hook, daemon=True)
-        self._thread.start()
-
-    def _after_the_hook(self) -> None:
-        try:
-            out, _ = self.proc.communicate(timeout=90)
-        except subprocess.TimeoutExpired:
-            return  # the janitor ends it; finished() fails the test
-        self.output = out.decode(errors="replace")
-        root = self.pod.root
-        if root.poll() is None:
-            root.send_signal(signal.SIGTERM)
-
-    def finished(self) -> int:
-        """The hook's exit code, once the kubelet's SIGTERM (if any) was sent."""
-        self._thread.join(timeout=120)
-        code = self.proc.returncode
-        assert not self._thread.is_alive(), "the preStop hook hangs"
-        assert code is not None, "the preStop hook hangs"
-        return int(code)
 
 
 @pytest.mark.parametrize("overlay", ["sglang", "trtllm"])
