@@ -1,0 +1,199 @@
+"""The rollout benchmark's clients, and how what they received is counted.
+
+``TimedLoad`` keeps ``clients`` streaming completions in flight through one URL (smg, or
+the continuation proxy in front of it), each client sending its next request as soon as
+its last one ended, and records every token's arrival (``time.monotonic``). ``tally``
+turns the streams into the table's numbers, held against the engine's deterministic tokens
+(``expected_tokens(prompt, n)``): the client's stitched text, token by token.
+
+How a stream counts (``Received.outcome``):
+
+- ``failed``: the client got none of it: an HTTP status other than 200, or the connection or
+  an error event ended it before its first token;
+- ``cut``: it started but did not end with ``[DONE]``: the engine's handed-back event
+  reached the client (even before any token), an error event or a broken connection came
+  after some tokens, or the body ended without ``[DONE]``;
+- ``done``: ``[DONE]`` came (its tokens may still be wrong: that is lost and duplicated).
+
+Tokens lost and duplicated are counted on every request sent, failed ones included (a
+failed request lost all of its tokens): the received tokens are aligned with the expected
+ones (``difflib``, longest matching blocks), lost = expected - matched, duplicated =
+received - matched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from devstack.sim.tokens import expected_tokens
+from router_client import sse
+
+
+@dataclass
+class Received:
+    """One streaming completion a client sent, and what came back."""
+
+    request_id: str
+    prompt: str
+    max_tokens: int
+    sent_at: float
+    """``time.monotonic()`` just before the request left."""
+    texts: list[str] = field(default_factory=list)
+    """Each content chunk's text, in order of arrival."""
+    times: list[float] = field(default_factory=list)
+    """``time.monotonic()`` of each chunk's arrival."""
+    end: str | None = None
+    """``done``, ``handed_back``, ``error`` (status, error event, broken or unfinished
+    stream); None while it runs."""
+    error: str | None = None
+    ended_at: float | None = None
+
+    def tokens(self) -> list[str]:
+        """The stitched text as the engine's tokens (each is ``" " + word``)."""
+        return [" " + word for word in "".join(self.texts).split(" ")[1:]]
+
+    def expected(self) -> list[str]:
+        return expected_tokens(self.prompt, self.max_tokens)
+
+    @property
+    def outcome(self) -> str:
+        if self.end == "done":
+            return "done"
+        # A handed-back stream started (200, then the engine's event), even with no token.
+        return "cut" if self.texts or self.end == "handed_back" else "failed"
+
+    def damage(self) -> tuple[int, int]:
+        """(lost, duplicated) tokens against the expected ones."""
+        want, got = self.expected(), self.tokens()
+        matcher = difflib.SequenceMatcher(a=want, b=got, autojunk=False)
+        matched = sum(block.size for block in matcher.get_matching_blocks())
+        return len(want) - matched, len(got) - matched
+
+    def gaps(self) -> list[float]:
+        """Seconds between consecutive chunks (the inter-token latencies)."""
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+
+class TimedLoad:
+    """``clients`` streams at a time through ``url``, back to back, until ``stop()``.
+
+    Request ``i`` is ``X-Request-Id: {prefix}-{i}`` with a prompt of its own, so the engines'
+    request logs say which engine took which request."""
+
+    def __init__(self, url: str, *, clients: int, max_tokens: int, prefix: str,
+                 timeout_s: float = 60.0) -> None:
+        self.url = url
+        self.clients = clients
+        self.max_tokens = max_tokens
+        self.prefix = prefix
+        self.timeout_s = timeout_s
+        self.sent: list[Received] = []
+        self._stopping = asyncio.Event()
+
+    def stop(self) -> None:
+        """Send nothing new; ``run`` returns once the streams in flight ended."""
+        self._stopping.set()
+
+    async def run(self) -> list[Received]:
+        limits = httpx.Limits(max_connections=self.clients + 4)
+        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
+                                     limits=limits) as http:
+            await asyncio.gather(*(self._client(http) for _ in range(self.clients)))
+        return self.sent
+
+    async def _client(self, http: httpx.AsyncClient) -> None:
+        while not self._stopping.is_set():
+            i = len(self.sent)
+            stream = Received(f"{self.prefix}-{i}", f"{self.prefix} prompt {i}: roll over",
+                              self.max_tokens, time.monotonic())
+            self.sent.append(stream)
+            await self._one(http, stream)
+            stream.ended_at = time.monotonic()
+
+    async def _one(self, http: httpx.AsyncClient, stream: Received) -> None:
+        body = {"model": "sim", "prompt": stream.prompt, "max_tokens": stream.max_tokens,
+                "stream": True}
+        try:
+            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
+                                   headers={"X-Request-Id": stream.request_id}) as response:
+                if response.status_code != 200:
+                    text = (await response.aread()).decode(errors="replace")[:200]
+                    stream.end, stream.error = "error", f"HTTP {response.status_code}: {text}"
+                    return
+                async for event in sse.events(response.aiter_lines()):
+                    if event == sse.DONE:
+                        stream.end = "done"
+                        return
+                    if not isinstance(event, dict) or "error" in event:
+                        stream.end, stream.error = "error", str(event)[:200]
+                        return
+                    if event.get("handed_back"):
+                        stream.end, stream.error = "handed_back", str(event)[:200]
+                        return
+                    text = sse.chunk_text(event)
+                    if text:
+                        stream.texts.append(text)
+                        stream.times.append(time.monotonic())
+            stream.end, stream.error = "error", "the stream ended without [DONE]"
+        except httpx.HTTPError as exc:
+            stream.end, stream.error = "error", repr(exc)[:200]
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The nearest-rank ``q``-th percentile (0-100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+@dataclass
+class Tally:
+    """What a set of streams adds up to."""
+
+    streams: int
+    done: int
+    failed: int
+    cut: int
+    lost: int
+    duplicated: int
+    ttft_ms: tuple[float | None, float | None]
+    """p50, p99 time to first token."""
+    itl_ms: tuple[float | None, float | None]
+    """p50, p99 inter-token latency."""
+    itl_samples: int
+    errors: list[str] = field(default_factory=list)
+    """A few of the failures and cuts, for the report."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items()}
+
+
+def tally(streams: Sequence[Received]) -> Tally:
+    """Count ``streams`` (see the module's docstring for what counts as what)."""
+    damage = [s.damage() for s in streams]
+    ttft = [(s.times[0] - s.sent_at) * 1000 for s in streams if s.times]
+    itl = [gap * 1000 for s in streams for gap in s.gaps()]
+    bad = [f"{s.request_id}: {s.outcome} after {len(s.texts)} chunks: {s.error}"
+           for s in streams if s.outcome != "done"]
+    return Tally(
+        streams=len(streams),
+        done=sum(s.outcome == "done" for s in streams),
+        failed=sum(s.outcome == "failed" for s in streams),
+        cut=sum(s.outcome == "cut" for s in streams),
+        lost=sum(lost for lost, _ in damage),
+        duplicated=sum(dup for _, dup in damage),
+        ttft_ms=(percentile(ttft, 50), percentile(ttft, 99)),
+        itl_ms=(percentile(itl, 50), percentile(itl, 99)),
+        itl_samples=len(itl),
+        errors=bad[:5],
+    )

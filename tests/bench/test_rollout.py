@@ -1,0 +1,114 @@
+"""The rollout benchmark cannot lie: what it counts is held against the engines' own records.
+
+The first tests check the counting on made-up streams (no process); the last runs the
+smallest real rollout (two pods behind the real ``smg``, drained through their coordinators,
+no continuation) and holds every number of the table against what each engine logged it
+took and how each request ended there (``Pod.requests()``), so a client-side miscount, a
+request missed, or a token double-counted shows. It needs the real router: marked
+``engine``, it runs with the engine tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.rollout import STRATEGIES, Params, run_strategy
+from bench.rollout_load import Received, tally
+from bench.rollout_pods import Kube
+from devstack import routers
+from devstack.sim.tokens import expected_tokens
+from tests.support.processes import ProcessJanitor
+
+
+def received(tokens: list[str], end: str, *, n: int = 10, prompt: str = "p") -> Received:
+    stream = Received("r", prompt, n, 0.0, end=end)
+    stream.texts = list(tokens)
+    stream.times = [0.01 * (i + 1) for i in range(len(tokens))]
+    return stream
+
+
+def test_a_whole_stream_counts_nothing_lost() -> None:
+    want = expected_tokens("p", 10)
+    counted = tally([received(want, "done")])
+    assert (counted.done, counted.failed, counted.cut, counted.lost, counted.duplicated) == \
+        (1, 0, 0, 0, 0)
+
+
+def test_a_handed_back_stream_is_cut_and_its_rest_lost() -> None:
+    want = expected_tokens("p", 10)
+    counted = tally([received(want[:4], "handed_back"), received([], "handed_back")])
+    assert (counted.cut, counted.failed, counted.lost, counted.duplicated) == (2, 0, 16, 0)
+
+
+def test_a_refused_request_failed_and_lost_everything() -> None:
+    counted = tally([received([], "error")])
+    assert (counted.failed, counted.cut, counted.lost) == (1, 0, 10)
+
+
+def test_a_stitched_stream_that_repeats_or_skips_is_caught_token_by_token() -> None:
+    """A continuation that re-sends tokens 4-6, and one that skips token 7, both ending
+    [DONE]: the first counts 3 duplicated, the second 1 lost; chunks that split or join
+    tokens count the same as one chunk per token."""
+    want = expected_tokens("p", 10)
+    repeated = received([*want[:7], *want[4:]], "done")
+    skipped = received([*want[:6], *want[7:]], "done")
+    rechunked = received(["".join(want[:3]), *want[3:]], "done")
+    assert repeated.damage() == (0, 3)
+    assert skipped.damage() == (1, 0)
+    assert rechunked.damage() == (0, 0)
+    assert tally([repeated, skipped, rechunked]).cut == 0
+
+
+@pytest.mark.engine
+def test_the_smallest_rollout_counts_what_the_engines_saw(janitor: ProcessJanitor,
+                                                          tmp_path: Path) -> None:
+    """1. Two pods behind the real smg, each with a coordinator told of it; four clients
+       stream 60-token completions straight through smg (no continuation).
+    2. A short steady state, then both pods replaced one after another (surge, Ready, the
+       preStop hook's drain, SIGTERM), as the benchmark does.
+    3. Every request the clients sent reached exactly one engine, old or new (the engines'
+       own logs), and no engine took a request nobody sent.
+    4. Each stream's end at the client is its end at the engine: ``done`` with exactly the
+       expected tokens, or handed back after exactly as many tokens as the engine produced.
+    5. The table's numbers add up to the engines' records: cut = the engines' hand-backs,
+       lost = the tokens those hand-backs did not produce, nothing failed or duplicated;
+       every hand-back is in the rollout's numbers, none in the steady state's.
+    6. Every process of the old pods exited on its own (no kubelet SIGKILL), the hooks
+       returned 0, the old engines exited 0."""
+    if not routers.installed():
+        pytest.skip("the routers are not installed: run scripts/engines.sh routers")
+    strategy = next(s for s in STRATEGIES if s.name == "coordinator")
+    params = Params(pods=2, clients=4, max_tokens=60, warmup_s=1.0, steady_s=2.0)
+    result = asyncio.run(run_strategy(strategy, params, Kube(), tmp_path, janitor.spawn))
+
+    taken = Counter(r["request_id"] for r in result.requests)
+    sent = {s.request_id: s for s in result.sent}
+    assert set(taken) == set(sent), (set(taken) ^ set(sent))
+    assert max(taken.values()) == 1, [rid for rid, n in taken.items() if n > 1]
+
+    by_id = {r["request_id"]: r for r in result.requests}
+    for stream in result.sent:
+        record = by_id[stream.request_id]
+        if stream.end == "done":
+            assert record["how"] == "done"
+            assert stream.tokens() == stream.expected()
+        else:
+            assert (stream.end, record["how"]) == ("handed_back", "handed_back"), stream.error
+            assert stream.tokens() == stream.expected()[:record["tokens"]]
+
+    handed = [r for r in result.requests if r["how"] == "handed_back"]
+    assert handed, "no stream was in flight on a drained pod: the rollout measured nothing"
+    lost = sum(r["max_tokens"] - r["tokens"] for r in handed)
+    whole = tally(result.sent)
+    assert (whole.cut, whole.lost, whole.failed, whole.duplicated) == (len(handed), lost, 0, 0)
+    assert (result.rollout.cut, result.rollout.lost) == (len(handed), lost)
+    assert (result.steady.cut, result.steady.lost) == (0, 0)
+    assert result.steady.streams + result.rollout.streams <= len(result.sent)
+
+    assert all(not d.sigkilled for d in result.deletions), result.deletions
+    assert {d.hook_exit for d in result.deletions} == {0}, result.deletions
+    assert {d.engine_exit for d in result.deletions} == {0}, result.deletions
