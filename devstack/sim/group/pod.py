@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from devstack.sim.errors import SimStartupError
+from devstack.sim.group.rank import ignore_stop_signals, register
 from devstack.sim.knobs import EngineKnobs
 from devstack.sim.linux import open_pidfd, send_signal
 from devstack.sim.main_process import common_child_args
@@ -87,8 +88,6 @@ class FollowerMain:
         self.record.update(knobs=k.to_argv(), node_rank=k.node_rank, world_size=world_size(k))
         client = None
         if k.coordinator:
-            from devstack.sim.group.rank import register
-
             client = register(k.coordinator, k.coordinator_token_file, role="worker",
                               name=f"sim-node-{k.node_rank}", record=self.record)
         try:
@@ -100,6 +99,7 @@ class FollowerMain:
         self.record.update(children=[r.pid for r in self.ranks])
         self._write_ready_file()
         code = self._wait_for_ranks(latch)
+        ignore_stop_signals()
         if client is not None:
             client.close()
         return code

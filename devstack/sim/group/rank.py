@@ -25,6 +25,7 @@ Its record adds ``world_size``, ``node_rank``, ``steps`` (completed), ``cause``,
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -105,9 +106,20 @@ class Rank(ChildProcess):
 
     def clean_up(self) -> int:
         code = super().clean_up()
+        ignore_stop_signals()
         if self.client is not None:
             self.client.close()
         return code
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and SIGINT from here on: the exit code is decided. Python puts the
+    default action back for every signal it handled when it shuts down, so a SIGTERM then (a
+    coordinator's, sent just as the process leaves on its own) would end it by the signal
+    instead of with its code. An ignored signal is left alone (and masking it would not do:
+    the client's threads could still take it)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def register(url: str, token_file: str, *, role: str, name: str,
