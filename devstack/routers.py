@@ -50,6 +50,8 @@ STOP_TIMEOUT_S = 10.0
 SMG_SHUTDOWN_GRACE_S = 2
 """``smg --shutdown-grace-period-secs``: its default (180 s, of which 5 s of settle before it
 stops listening) would make every stop wait on the router."""
+SMG_SETTLE_S = 1
+"""``drain_settle_secs`` ``remove_worker`` gives an smg worker before its removal."""
 CALL_TIMEOUT_S = 5.0
 """One call to a router's API."""
 POLL_S = 0.02
@@ -129,7 +131,8 @@ class RouterProcess:
     def remove_worker(self, worker: str) -> None:
         """Take ``worker`` out through the router's own API, as an operator or a Kubernetes
         endpoint watcher would: smg ``DELETE /workers/{id}`` (the worker is ``draining`` at
-        once), vllm-router ``POST /remove_worker?url=``. Returns when the router answered."""
+        once, and leaves ``SMG_SETTLE_S`` later), vllm-router ``POST /remove_worker?url=``.
+        Returns when the router answered."""
         with httpx.Client(timeout=CALL_TIMEOUT_S) as http:
             if self.kind == "smg":
                 body = http.get(f"{self.url}/workers").json()
@@ -137,7 +140,11 @@ class RouterProcess:
                        if str(w["url"]).rstrip("/") == worker]
                 if not ids:
                     return
-                answer = http.delete(f"{self.url}/workers/{quote(str(ids[0]), safe='')}")
+                path = f"{self.url}/workers/{quote(str(ids[0]), safe='')}"
+                # A short settle, as the coordinator's adapter sets: smg adds the worker back
+                # only once it left (its default is 5 s); routing stops at the DELETE anyway.
+                http.patch(path, json={"health": {"drain_settle_secs": SMG_SETTLE_S}})
+                answer = http.delete(path)
             else:
                 answer = http.post(f"{self.url}/remove_worker", params={"url": worker})
         if not answer.is_success and answer.status_code != 404:
@@ -146,7 +153,10 @@ class RouterProcess:
 
     def add_worker(self, worker: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Add ``worker`` through the router's API and return once the router routes to it
-        (smg registers it in the background after its probes: ~0.2 s)."""
+        (smg registers it in the background after its probes: ~0.2 s). A worker smg still
+        lists ``draining`` is waited for first: smg refuses to add it until it left."""
+        wait_until(self, lambda: self.listed().get(worker) != "draining",
+                   f"{worker} no longer draining", timeout_s)
         with httpx.Client(timeout=CALL_TIMEOUT_S) as http:
             if self.kind == "smg":
                 answer = http.post(f"{self.url}/workers", json={"url": worker})
