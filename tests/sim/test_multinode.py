@@ -8,6 +8,7 @@ signals. What happened is read from each process's exit status and its own recor
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -27,7 +28,7 @@ from devstack.sim.group.launcher import (
     GroupHandle,
     start_group,
 )
-from devstack.sim.group.network import KIND_NETNS
+from devstack.sim.group.network import KIND_AUTO, KIND_LOOPBACK, KIND_NETNS
 from devstack.sim.group.pod import EXIT_GROUP_BROKEN
 from devstack.sim.group.protocol import CAUSE_FINISHED, CAUSE_LEFT, CAUSE_TIMED_OUT
 from tests.sim.support import read_events
@@ -98,32 +99,39 @@ def _assert_nothing_left(group: GroupHandle) -> None:
             assert inside.split() == []
 
 
+@pytest.mark.parametrize(("size", "ranks", "network"), [
+    (WORLD, 1, KIND_AUTO),
+    (2, 2, KIND_LOOPBACK),
+], ids=["4-pods-auto", "2-pods-2-ranks-loopback"])
 async def test_a_group_serves_streams_each_token_a_step_of_every_rank(
-    start_sim_group: StartGroup,
+    start_sim_group: StartGroup, size: int, ranks: int, network: str,
 ) -> None:
-    """1. Start a leader and 3 followers. 2. Each pod is a session of its own with the
-    LeaderWorkerSet environment and an address of its own (a network namespace of its own
-    where the machine has them), its rank in its tree. 3. Three streams at once through the
-    leader yield exactly their expected tokens. 4. The leader stepped the group at least once
-    per token. 5. Finishing the group (what a group drain does) has every rank answer bye;
-    each follower pod then exits 0 on its own, and the leader exits 0 on SIGTERM. 6. Every
-    rank finished with exit 0 after the same number of steps, the stepper's; nothing is
-    left running."""
-    group = start_sim_group(graceful_main=True)
-    assert [pod.node_rank for pod in group.pods] == [0, 1, 2, 3]
-    assert group.ranks().keys() == {0, 1, 2, 3}
-    assert len({pod.address for pod in group.pods}) == WORLD
+    """1. Start a group: a leader and 3 followers with a rank each on namespaces where the
+    machine has them, or 2 pods with 2 ranks each on loopback addresses. 2. Each pod is a
+    session of its own with the LeaderWorkerSet environment and an address of its own (a
+    network namespace of its own where it has one), its ranks in its tree. 3. Three streams
+    at once through the leader yield exactly their expected tokens. 4. The leader stepped the
+    group at least once per token. 5. Finishing the group (what a group drain does) has
+    every other rank answer bye; each follower pod then exits 0 on its own, and the leader
+    exits 0 on SIGTERM. 6. Every rank finished with exit 0 after the same number of steps,
+    the stepper's; nothing is left running."""
+    world = size * ranks
+    group = start_sim_group(size, schedulers=ranks, network=network, graceful_main=True)
+    assert [pod.node_rank for pod in group.pods] == list(range(size))
+    assert group.ranks().keys() == set(range(world))
+    assert len({pod.address for pod in group.pods}) == size
     for pod in group.pods:
         env = _environ(pod.pid)
         assert (env[LWS_LEADER_ADDRESS], env[LWS_GROUP_SIZE], env[LWS_WORKER_INDEX]) == (
-            group.leader.address, str(WORLD), str(pod.node_rank))
+            group.leader.address, str(size), str(pod.node_rank))
         assert all(os.getsid(pid) == pod.pid for pid in pod.pids())
-        assert pod.rank_pids() == {pod.node_rank: group.ranks()[pod.node_rank]}
+        first = pod.node_rank * ranks
+        assert pod.rank_pids().keys() == set(range(first, first + ranks))
     if group.network.kind == KIND_NETNS:
         namespaces = [{os.readlink(f"/proc/{pid}/ns/net") for pid in pod.pids()}
                       for pod in group.pods]
         assert all(len(ns) == 1 for ns in namespaces)
-        assert len(set.union(*namespaces)) == WORLD
+        assert len(set.union(*namespaces)) == size
 
     prompts = {f"prompt {i}:": 8 + 8 * i for i in range(3)}
     async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
@@ -132,17 +140,17 @@ async def test_a_group_serves_streams_each_token_a_step_of_every_rank(
         for (prompt, n), (tokens, last) in zip(prompts.items(), streamed, strict=True):
             assert (tokens, last) == (expected_tokens(prompt, n), "[DONE]")
         status = (await client.get(f"{group.url}/internal/group")).json()
-        assert (status["state"], status["world_size"]) == ("stepping", WORLD)
+        assert (status["state"], status["world_size"]) == ("stepping", world)
         assert status["steps"] >= max(prompts.values())
         finished = (await client.post(f"{group.url}/internal/group/finish")).json()
     assert finished["state"] == "finished"
-    assert finished["finish"] == {"1": "bye", "2": "bye", "3": "bye"}
+    assert finished["finish"] == {str(rank): "bye" for rank in range(1, world)}
 
     followers = [await asyncio.to_thread(pod.engine.proc.wait, EXIT_TIMEOUT_S)
                  for pod in group.followers]
-    assert followers == [0, 0, 0]
+    assert followers == [0] * (size - 1)
     os.kill(group.leader.pid, signal.SIGTERM)
-    assert await _exit_codes(group) == [0] * WORLD
+    assert await _exit_codes(group) == [0] * size
     for rank, record in group.rank_records().items():
         assert (record["exit_code"], record["cause"], record["cleanup"]) == (
             0, CAUSE_FINISHED, "finished"), rank
@@ -231,4 +239,41 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
     leader = group.leader.engine.record_of(group.leader.pid)
     assert leader is not None
     assert leader["detail"].startswith("watchdog: scheduler")
+    _assert_nothing_left(group)
+
+
+async def test_a_follower_rank_that_stops_answering_makes_the_others_time_out(
+    start_sim_group: StartGroup,
+) -> None:
+    """1. Start a group with a short collective timeout. 2. Mid-stream, SIGSTOP rank 3: it
+    holds its connection open and says nothing. 3. Ranks 0, 1 and 2 hang in the step and
+    abort with "collective timed out", rank 0 waiting for rank 3 with no answer (nothing
+    closed: only the timeout tells). 4. SIGCONT rank 3: it finds rank 0 gone mid-step, hangs
+    and aborts the same way; its pod exits EXIT_GROUP_BROKEN like the others."""
+    group = start_sim_group(collective_timeout_s=1.0)
+    silent = group.ranks()[3]
+    async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
+
+        async def stop_rank_three(n: int) -> None:
+            if n == 5:
+                os.kill(silent, signal.SIGSTOP)
+
+        with contextlib.suppress(httpx.TransportError):
+            await _stream(client, group.url, "s", 100_000, stop_rank_three)
+    first = [await asyncio.to_thread(pod.engine.proc.wait, EXIT_TIMEOUT_S)
+             for pod in group.pods[:3]]
+    assert first == [-signal.SIGKILL, EXIT_GROUP_BROKEN, EXIT_GROUP_BROKEN]
+    records = group.rank_records()
+    assert records[0]["hung"]["waiting_for"] == [3]
+    assert records[0]["hung"]["why"] == "no answer"
+    assert "peers_lost" not in records[0]
+    for rank in (0, 1, 2):
+        assert (records[rank]["exit_code"], records[rank]["cause"]) == (
+            -signal.SIGABRT, CAUSE_TIMED_OUT), rank
+
+    os.kill(silent, signal.SIGCONT)
+    assert await _exit_codes(group) == [-signal.SIGKILL] + [EXIT_GROUP_BROKEN] * 3
+    record = group.rank_records()[3]
+    assert (record["exit_code"], record["cause"]) == (-signal.SIGABRT, CAUSE_TIMED_OUT)
+    assert record["hung"]["waiting_for"] == [0]
     _assert_nothing_left(group)
