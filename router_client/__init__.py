@@ -18,7 +18,9 @@ is missing or mistyped is a ``MalformedAnswer``. The protocol's strings (phases,
 states) are ``shutdown_wire``'s.
 
 The reference router (``python -m devstack.reference_router``, outside this package) is built
-on it; the protocol is in docs/protocol.md. Only httpx is needed; nothing here imports the
+on it; the protocol is in docs/protocol.md, the continuation layer (``ContinuingClient``, and
+the proxy built on it, ``python -m continuation_proxy``) in docs/continuation.md. Only httpx
+is needed (and tenacity, for the continuation's retries); nothing here imports the
 coordinator or devstack.
 """
 

@@ -46,6 +46,7 @@ from router_client.openai_requests import (
     limit,
     request_refusal,
     stream_refusal,
+    wants_exact,
 )
 from router_client.stitching import Stitcher
 from router_client.upstream import (
@@ -167,7 +168,8 @@ class ContinuingClient:
         self.stats.streams += 1
         request_id, sent = upstream_headers(headers)
         first = first_body(path, body, ask_token_ids=self.ask_token_ids)
-        stitcher = Stitcher(path, keep_token_ids=bool(body.get("return_token_ids")))
+        stitcher = Stitcher(path, keep_token_ids=bool(body.get("return_token_ids")),
+                            use_token_ids=wants_exact(path, body))
         ids = (f"{request_id}.{n}" for n in itertools.count())
         attempt_body = first
         for continuation in itertools.count():

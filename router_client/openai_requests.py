@@ -216,14 +216,15 @@ def first_body(path: str, body: Mapping[str, Any], *, ask_token_ids: bool) -> di
     if not body.get("stream"):
         out["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
     out["stream"] = True
-    if path == COMPLETIONS and ask_token_ids and wants_exact(body):
+    if ask_token_ids and wants_exact(path, body):
         out["return_token_ids"] = True
     return out
 
 
-def wants_exact(body: Mapping[str, Any]) -> bool:
-    """A completion that token ids can continue exactly: no stop strings (see first_body)."""
-    return not body.get("stop")
+def wants_exact(path: str, body: Mapping[str, Any]) -> bool:
+    """A request that token ids can continue exactly: a completion (the chat route takes no
+    prompt ids) with no stop strings (see first_body)."""
+    return path == COMPLETIONS and not body.get("stop")
 
 
 def limit(path: str, body: Mapping[str, Any]) -> int | None:
@@ -272,9 +273,3 @@ def _continued_prompt(prompt: str | Sequence[int], streamed: Streamed) -> str | 
     if isinstance(prompt, str):
         return prompt + streamed.text
     return list(prompt)  # token ids with no output ids: refused before (TOKEN_PROMPT)
-
-
-def exact_ids(streamed: Streamed, prompt: object) -> bool:
-    """The continuation of a completion is by token ids (exact)."""
-    return streamed.token_ids is not None and (
-        _int_list(prompt) or streamed.prompt_token_ids is not None)

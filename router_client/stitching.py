@@ -31,6 +31,8 @@ class Stitcher:
     path: str
     keep_token_ids: bool
     """The client asked for token ids itself (``return_token_ids``): they stay."""
+    use_token_ids: bool = True
+    """Continue by token ids when the chunks carry them (``openai_requests.wants_exact``)."""
     prompt_ids: tuple[int, ...] | None = None
     attempt: int = 0
     """0 for the first upstream attempt, then one more per continuation."""
@@ -50,6 +52,10 @@ class Stitcher:
     _attempt_chunks: int = 0
     _attempt_chars: int = 0
     """Characters streamed before this attempt (where its ``text_offset`` starts)."""
+
+    def __post_init__(self) -> None:
+        if not self.use_token_ids:
+            self._ids = None
 
     @property
     def text(self) -> str:

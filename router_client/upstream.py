@@ -22,7 +22,8 @@ from tenacity import (
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from router_client import sse
@@ -66,13 +67,17 @@ class RetryPolicy:
     from its health check, far below a drain's migration budget."""
     first_wait_s: float = 0.05
     max_wait_s: float = 1.0
-    """Waits double from ``first_wait_s`` up to this (s), with jitter, so continuations
-    that a drain released together do not come back together."""
+    """Waits double from ``first_wait_s`` up to this (s), each plus up to ``first_wait_s``
+    of jitter, so continuations that a drain released together do not come back
+    together."""
 
     def retrying(self) -> AsyncRetrying:
         return AsyncRetrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.within_s),
-            wait=wait_exponential_jitter(initial=self.first_wait_s, max=self.max_wait_s),
+            # Jitter of one first wait at most: enough to spread a drain's burst, small
+            # enough to keep the doubling.
+            wait=wait_exponential(multiplier=self.first_wait_s, max=self.max_wait_s)
+            + wait_random(0, self.first_wait_s),
             retry=retry_if_exception_type(Refused), reraise=True)
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from router_client.collect import Collector
+from router_client.errors import UpstreamRejected
 from router_client.openai_requests import (
     CHAT,
     COMPLETIONS,
@@ -21,6 +22,7 @@ from router_client.openai_requests import (
     stream_refusal,
 )
 from router_client.stitching import Stitcher
+from router_client.upstream import Refused, RetryPolicy
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -198,3 +200,52 @@ def test_a_collected_chat_answer_puts_tool_calls_together() -> None:
     assert choice["message"]["tool_calls"] == [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}]
     assert answer["usage"] == {"completion_tokens": 4}
+
+
+def test_token_ids_are_not_used_with_stop_strings() -> None:
+    """1. A completion with a stop string: even with token ids in its chunks (the client
+       asked for them), what was streamed has none, so it is continued by text (vLLM holds
+       back text near a stop string: its ids would run ahead of the text)."""
+    stitcher = Stitcher(COMPLETIONS, keep_token_ids=True, use_token_ids=False)
+    stitcher.take({"id": "a", "created": 1, "choices": [
+        {"index": 0, "text": " ab", "token_ids": [4], "prompt_token_ids": [1, 2]}]})
+    stitcher.end_attempt(1)
+    streamed = stitcher.streamed()
+    assert streamed.token_ids is None
+    first = {"prompt": "x", "stop": ["."], "max_tokens": 5}
+    assert continuation_body(COMPLETIONS, first, streamed)["prompt"] == "x ab"
+
+
+async def test_a_refused_attempt_is_retried_within_the_policy_and_a_rejection_is_not() -> None:
+    """1. Run a try that is always refused under a 4-try policy, with tenacity's sleep
+       replaced (nothing sleeps): 4 tries, 3 waits, doubling from the first wait up to the
+       cap, each plus at most one first wait of jitter; then the refusal is raised.
+    2. A rejection (any other status) is raised at the first try."""
+    policy = RetryPolicy(attempts=4, within_s=60, first_wait_s=0.05, max_wait_s=0.15)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async def run(error: Exception) -> int:
+        tries = 0
+
+        async def always(failing: Exception) -> None:
+            nonlocal tries
+            async for attempt in policy.retrying().copy(sleep=sleep):
+                with attempt:
+                    tries += 1
+                    raise failing
+
+        with pytest.raises(type(error)):
+            await always(error)
+        return tries
+
+    assert await run(Refused(503, b"")) == 4
+    assert len(slept) == 3
+    assert 0.05 <= slept[0] <= 0.1
+    assert 0.1 <= slept[1] <= 0.15
+    assert 0.15 <= slept[2] <= 0.2
+    slept.clear()
+    assert await run(UpstreamRejected(400, b"")) == 1
+    assert slept == []
