@@ -191,19 +191,23 @@ async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(
     _assert_nothing_left(group)
 
 
-@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGTERM], ids=["sigkill", "sigterm"])
+@pytest.mark.parametrize(("victim", "signum"), [
+    ("rank", signal.SIGKILL), ("rank", signal.SIGTERM), ("main", signal.SIGTERM),
+], ids=["sigkill-rank", "sigterm-rank", "sigterm-main-vllm-like"])
 async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
-    start_sim_group: StartGroup, signum: int,
+    start_sim_group: StartGroup, victim: str, signum: int,
 ) -> None:
-    """1. Start a group (stock leader, as SGLang is) with a short collective timeout.
-    2. Mid-stream, end rank 2 (SIGKILL, or SIGTERM as a per-pod drain would: it leaves the
-    group and exits 0 itself). 3. The stream is cut, never completed nor handed back.
-    4. The next step cannot complete: ranks 0, 1 and 3 hang, then abort (SIGABRT) with
-    "collective timed out", rank 0 naming rank 2 as the one it waited for. 5. The leader's
-    watchdog takes the front end down with rank 0 (-9); the other followers exit
-    EXIT_GROUP_BROKEN; rank 2's pod exits 0 only if rank 2 itself did."""
-    group = start_sim_group(collective_timeout_s=1.0)
-    victim = group.ranks()[2]
+    """1. Start a group with a short collective timeout (the leader stock, as SGLang is,
+    or, with --graceful-main, followers that pass SIGTERM on to their ranks, as vLLM's
+    headless nodes do). 2. Mid-stream, end rank 2: SIGKILL it, SIGTERM it (as a per-pod
+    drain would: it leaves the group and exits 0 itself), or SIGTERM its pod's main process.
+    3. The stream is cut, never completed nor handed back. 4. The next step cannot complete:
+    ranks 0, 1 and 3 hang, then abort (SIGABRT) with "collective timed out", rank 0 naming
+    rank 2 as the one it waited for. 5. The leader's watchdog takes the front end down with
+    rank 0 (-9); the other followers exit EXIT_GROUP_BROKEN; rank 2's pod exits 0 only if
+    rank 2 itself did."""
+    group = start_sim_group(collective_timeout_s=1.0, graceful_main=victim == "main")
+    target = group.ranks()[2] if victim == "rank" else group.pods[2].pid
     cut: BaseException | None = None
     tokens: list[str] = []
     last: dict[str, Any] | str = ""
@@ -211,7 +215,7 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
 
         async def end_rank_two(n: int) -> None:
             if n == 5:
-                os.kill(victim, signum)
+                os.kill(target, signum)
 
         try:
             tokens, last = await _stream(client, group.url, "q", 100_000, end_rank_two)
@@ -220,8 +224,8 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
     assert cut is not None or (len(tokens) < 100_000 and last == "")
 
     codes = await _exit_codes(group)
-    victim_ok = signum == signal.SIGTERM
-    assert codes == [-signal.SIGKILL, EXIT_GROUP_BROKEN, 0 if victim_ok else EXIT_GROUP_BROKEN,
+    left = signum == signal.SIGTERM
+    assert codes == [-signal.SIGKILL, EXIT_GROUP_BROKEN, 0 if left else EXIT_GROUP_BROKEN,
                      EXIT_GROUP_BROKEN]
     records = group.rank_records()
     for rank in (0, 1, 3):
@@ -232,7 +236,7 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
     assert records[0]["hung"]["waiting_for"] == [2]
     assert "rank 2" in records[0]["hung"]["why"]
     assert records[0]["peers_lost"] == {"2": "closed its connection"}
-    if victim_ok:
+    if left:
         assert (records[2]["exit_code"], records[2]["cause"]) == (0, CAUSE_LEFT)
     else:
         assert records[2]["ended_at"] is None

@@ -9,9 +9,11 @@ no HTTP that starts its ranks and waits for them, as SGLang's ``--node-rank`` â‰
 2. Start this pod's ranks (``schedulers`` of them, global ranks ``node_rank * schedulers``
    on) and wait until each reports ready, that is until the whole group is formed.
 3. Write the ready file (``url`` is empty: a follower serves no HTTP).
-4. Wait for the ranks to exit. SIGTERM and SIGINT are only noted: like SGLang's follower,
-   it waits for rank 0 to finish the group ("waiting for the rank-0 ShutdownReq
-   broadcast"), and a per-pod stop must end its ranks itself.
+4. Wait for the ranks to exit. On SIGTERM or SIGINT, by default, only note it: like
+   SGLang's follower, it waits for rank 0 to finish the group ("waiting for the rank-0
+   ShutdownReq broadcast"), and a per-pod stop must end its ranks itself. With
+   ``--graceful-main`` it passes SIGTERM on to its ranks, which leave the group, as vLLM's
+   ``--headless`` node does (``SystemExit``, then its engine manager stops its engines).
 5. When a rank fails (non-zero exit or a signal) SIGKILL the others and exit
    ``EXIT_GROUP_BROKEN`` (SGLang's scheduler crash takes its node down the same way); when
    every rank exited 0, exit 0.
@@ -129,7 +131,12 @@ class FollowerMain:
                 self._reaped(pidfds.pop(fd))
             for signum in latch.take():
                 self.record.signalled(signum)
-                self.record.update(detail="waiting for rank 0 to finish the group")
+                if not self.knobs.graceful_main:
+                    self.record.update(detail="waiting for rank 0 to finish the group")
+                    continue
+                self.record.update(detail="passed SIGTERM on to its ranks")
+                for rank in pidfds.values():
+                    send_signal(rank.pid, signal.SIGTERM)
         if any(code != 0 for code in self.exit_codes.values()):
             return self._group_broken(pidfds)
         self.record.ended(EXIT_OK)
