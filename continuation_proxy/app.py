@@ -17,9 +17,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from uuid import uuid4
 
+import anyio
 import httpx
 from starlette.applications import Starlette
-from starlette.background import BackgroundTask
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -100,8 +100,8 @@ def build_app(client: ContinuingClient, http: httpx.AsyncClient,
         except httpx.TransportError as exc:
             return _error(502, f"upstream unreachable: {exc!r}")
         kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(upstream.aiter_raw(), status_code=upstream.status_code,
-                                 headers=kept, background=BackgroundTask(upstream.aclose))
+        return StreamingResponse(_relayed(upstream), status_code=upstream.status_code,
+                                 headers=kept)
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "upstream": client.upstream})
@@ -119,11 +119,25 @@ def build_app(client: ContinuingClient, http: httpx.AsyncClient,
 
 
 async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterator[bytes]:
-    """The first chunk (already read), then the rest; the rest is closed however the
-    response ends (the client may go away mid-stream)."""
+    """The first chunk (already read), then the rest; the rest (and with it the upstream
+    stream) is closed however the response ends."""
     try:
         yield first
         async for chunk in rest:
             yield chunk
     finally:
-        await rest.aclose()
+        # A client that goes away cancels the response's task, and anyio cancels every
+        # await after that too: shielded, the upstream connection is still closed.
+        with anyio.CancelScope(shield=True):
+            await rest.aclose()
+
+
+async def _relayed(upstream: httpx.Response) -> AsyncIterator[bytes]:
+    """A forwarded answer's bytes as they come; the upstream response closed however the
+    relay ends."""
+    try:
+        async for chunk in upstream.aiter_raw():
+            yield chunk
+    finally:
+        with anyio.CancelScope(shield=True):
+            await upstream.aclose()

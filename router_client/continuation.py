@@ -253,9 +253,10 @@ class ContinuingClient:
                     attempt.outcome = "error" if errored else "handed_back"
                     return
                 errored |= "error" in event and not event.get("choices")
+                before = stitcher.sent
                 out = stitcher.take(event)
+                self.stats.tokens += stitcher.sent - before
                 if out is not None:
-                    self.stats.tokens += stitcher.chunk_tokens(out)
                     yield out
                 event = await anext(attempt.events, None)
             attempt.outcome = "error" if errored else "broken"

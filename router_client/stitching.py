@@ -12,7 +12,6 @@ them, to continue exactly) are taken out.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +43,9 @@ class Stitcher:
     """A chat delta carried reasoning text."""
     tokens: int = 0
     """Tokens of the attempts before this one."""
+    sent: int = 0
+    """Tokens sent to the client (choice 0's): its token ids, else one per chunk with
+    text."""
     _text: list[str] = field(default_factory=list)
     _chars: int = 0
     _ids: list[int] | None = field(default_factory=list)
@@ -129,8 +131,11 @@ class Stitcher:
     def _record(self, text: str, ids: object) -> None:
         if isinstance(ids, list) and all(isinstance(i, int) for i in ids):
             self._attempt_ids += ids
-        elif text and self._ids is not None:
-            self._ids = None  # a token without its id: continue by text
+            self.sent += len(ids)
+        else:
+            self.sent += bool(text)
+            if text and self._ids is not None:
+                self._ids = None  # a token without its id: continue by text
         if text:
             self._attempt_chunks += 1
             self._text.append(text)
@@ -153,20 +158,6 @@ class Stitcher:
         self._attempt_ids, self._attempt_chunks = [], 0
         self._attempt_chars = self._chars
         self.attempt += 1
-
-    def chunk_tokens(self, event: Mapping[str, Any]) -> int:
-        """Tokens one client chunk carries, for the counters: its token ids, else 1 when
-        it has text."""
-        total = 0
-        for choice in event.get("choices") or ():
-            if not isinstance(choice, dict):
-                continue
-            ids = choice.get("token_ids")
-            delta = choice.get("delta")
-            text = choice.get("text") if self.path == COMPLETIONS else (
-                delta.get("content") if isinstance(delta, dict) else None)
-            total += len(ids) if isinstance(ids, list) else int(bool(text))
-        return total
 
 
 def _shift_usage(usage: object, earlier: int) -> None:

@@ -277,3 +277,25 @@ async def test_a_stream_that_breaks_mid_way_is_continued(
     assert (seen["continuation_proxy_broken_total"],
             seen["continuation_proxy_continuations_total"]) == (1, 1)
     assert health(b)["completed"] == 1
+
+
+async def test_a_client_that_goes_away_releases_the_upstream_stream(
+    janitor: ProcessJanitor, start_sim: StartEngine, tmp_path: Path
+) -> None:
+    """1. One engine that holds its streams after 4 tokens, the proxy straight in front.
+    2. Stream a completion; after its 4th token the client closes its connection.
+    3. The proxy closes its upstream stream: the engine's own in-flight count falls to 0
+       (a held stream would otherwise wait for a hand-back for ever)."""
+    engine = start_sim(schedulers=1, token_interval_ms=1, hold_after_tokens=HOLD)
+    proxy = start_proxy(janitor, tmp_path, engine.url)
+    async with httpx.AsyncClient(timeout=60) as client, client.stream(
+            "POST", f"{proxy.url}/v1/completions",
+            json={"model": "sim", "prompt": PROMPT, "max_tokens": TOKENS, "stream": True}
+    ) as response:
+        seen = 0
+        async for line in response.aiter_lines():
+            seen += line.startswith("data: ")
+            if seen == HOLD:
+                break
+    await asyncio.to_thread(wait_for, lambda: health(engine)["inflight"] == 0,
+                            what="the engine's stream released")
