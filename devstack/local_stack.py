@@ -18,6 +18,8 @@ Two kinds of router:
       fleet = stack.start_routed_pods("smg", 3)           # 3 pods behind smg, adapters on
       fleet.router.url                                    # where clients send requests
       new = stack.add_routed_pod(fleet, "pod3")           # a surge pod, routed to once ready
+      proxy = stack.start_continuation_proxy(fleet.router.url,
+                                             [p.coordinator.url for p in fleet.pods])
       httpx.get(fleet.pods[0].coordinator.url + "/drain") # the preStop hook's call
       await stack.close()
 """
@@ -234,6 +236,19 @@ class LocalStack:
         fleet.router.add_worker(pod.engine.url)
         fleet.pods.append(pod)
         return pod
+
+    def start_continuation_proxy(self, upstream: str, coordinators: Sequence[str] = (),
+                                 *args: str, name: str = "proxy") -> str:
+        """``python -m continuation_proxy`` in front of ``upstream`` (a router's URL),
+        acknowledging handoffs to ``coordinators``, on a free loopback port; its URL once it
+        listens (it writes its ready file then)."""
+        ready = self.workdir / f"{name}.json"
+        ready.unlink(missing_ok=True)
+        told = [arg for url in coordinators for arg in ("--coordinator", url)]
+        proc = self.spawn([sys.executable, "-m", "continuation_proxy", "--upstream", upstream,
+                           *told, "--port", "0", "--ready-file", str(ready), *args],
+                          f"{name}.log")
+        return _wait_for_json_url(proc, ready, name)
 
     def _routed_pod(self, name: str, kind: str, router_url: str, adapter: bool,
                     coordinator_args: Sequence[str], knobs: dict[str, Any]) -> Pod:

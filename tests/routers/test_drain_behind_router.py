@@ -209,3 +209,59 @@ async def test_without_the_adapter_the_router_sends_new_requests_to_the_drained_
     assert all((r["how"], r["tokens"]) == ("handed_back", 0) for r in after_learning)
     assert summary["routers"] == []
     assert summary["drain"]["lost_requests"] == len(handed), summary["drain"]
+
+
+def _client_of(prompt: str, sent: list[SentStream]) -> SentStream | None:
+    """The client request a prompt the engine took belongs to: its own, or a continuation's
+    (the client's prompt and the text already streamed)."""
+    return next((s for s in sent if prompt.startswith(s.prompt)), None)
+
+
+async def test_through_the_continuation_proxy_every_stream_arrives_whole(
+    router_name: str, local_stack: LocalStack
+) -> None:
+    """1. Three pods behind the router with the adapter, and the continuation proxy in front
+       of the router, acknowledging handoffs to the three coordinators.
+    2. Six clients stream through the proxy, until every engine has taken some and one is in
+       flight on pod 0.
+    3. ``GET /drain`` on pod 0's coordinator; wait until the router was told and twelve
+       streams sent after that have ended; the drain answers; the load stops.
+    4. Zero lost, zero duplicated or missing tokens: every stream ended [DONE] with exactly
+       the engine's tokens for its prompt.
+    5. Pod 0's engine handed streams back (its own log), and each of those clients got its
+       stream whole; every request pod 0 took (by its prompt) was sent before the router
+       was told.
+    6. The proxy acknowledged every handoff: the drain is graceful, nothing lost."""
+    fleet = await asyncio.to_thread(
+        local_stack.start_routed_pods, router_name, PODS, coordinator_args=COORDINATOR,
+        health_check_interval_s=HEALTH_CHECK_S)
+    drained = fleet.pods[0]
+    proxy = await asyncio.to_thread(local_stack.start_continuation_proxy, fleet.router.url,
+                                    [p.coordinator.url for p in fleet.pods])
+    load = RouterLoad(proxy, clients=CLIENTS, max_tokens=TOKENS, prefix=router_name)
+    clients = asyncio.create_task(load.run())
+    try:
+        await _until(lambda: all(p.requests() for p in fleet.pods) and _in_flight_on(drained),
+                     "every engine taking requests, one in flight on the drained pod")
+        drain = asyncio.create_task(asyncio.to_thread(
+            httpx.get, f"{drained.coordinator.url}/drain", timeout=WAIT_S))
+        told = await _until(lambda: _router_told(drained), "the router told")
+        await _until(lambda: len([s for s in load.ended() if s.sent_at > told["at"]])
+                     >= AFTER_TOLD, "streams sent after the router was told")
+        answer = await drain
+    finally:
+        load.stop()
+        sent = await clients
+
+    broken = [(s.request_id, s.end, s.error, len(s.tokens)) for s in sent if not s.exact]
+    assert not broken, broken
+    taken = [(r, _client_of(r["prompt"], sent)) for r in drained.requests()]
+    assert all(client is not None for _, client in taken), taken
+    handed = [client for r, client in taken if r["how"] == "handed_back"]
+    assert handed, "the drain handed nothing back: no stream was in flight on pod 0"
+    assert all(client is not None and client.exact for client in handed)
+    late = [r["prompt"] for r, client in taken if client and client.sent_at > told["at"]]
+    assert not late, late
+    summary = answer.json()
+    assert summary["outcome"] == "graceful", summary.get("drain")
+    assert summary["drain"]["lost_requests"] == 0
