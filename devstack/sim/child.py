@@ -20,7 +20,8 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from devstack.sim.daemonize import start_daemon
@@ -48,23 +49,23 @@ def child_arg_parser(role: Role) -> argparse.ArgumentParser:
     return parser
 
 
+def child_args(record_dir: str | Path, teardown_s: float, child_timeout_s: float,
+               ignore_sigterm: Iterable[str], fork_on_shutdown: Iterable[str],
+               daemonize: Iterable[str]) -> list[str]:
+    """The arguments every child takes besides its own (``child_arg_parser``)."""
+    out = ["--record-dir", str(record_dir), "--teardown-s", str(teardown_s),
+           "--child-timeout-s", str(child_timeout_s)]
+    for flag, specs in (("--ignore-sigterm", ignore_sigterm),
+                        ("--fork-on-shutdown", fork_on_shutdown), ("--daemonize", daemonize)):
+        for spec in specs:
+            out += [flag, spec]
+    return out
+
+
 def forwarded_args(args: argparse.Namespace) -> list[str]:
     """The knobs a child passes on to processes it starts itself."""
-    out = [
-        "--record-dir",
-        args.record_dir,
-        "--teardown-s",
-        str(args.teardown_s),
-        "--child-timeout-s",
-        str(args.child_timeout_s),
-    ]
-    for spec in args.ignore_sigterm:
-        out += ["--ignore-sigterm", spec]
-    for spec in args.fork_on_shutdown:
-        out += ["--fork-on-shutdown", spec]
-    for spec in args.daemonize:
-        out += ["--daemonize", spec]
-    return out
+    return child_args(args.record_dir, args.teardown_s, args.child_timeout_s,
+                      args.ignore_sigterm, args.fork_on_shutdown, args.daemonize)
 
 
 class ChildProcess:

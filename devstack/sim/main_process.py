@@ -42,6 +42,7 @@ import psutil
 import uvicorn
 from starlette.routing import BaseRoute
 
+from devstack.sim.child import child_args
 from devstack.sim.errors import SimArgumentError, SimStartupError
 from devstack.sim.http_app import build_app
 from devstack.sim.knobs import EngineKnobs
@@ -323,18 +324,8 @@ class EngineMain:
 
 def common_child_args(knobs: EngineKnobs, record_dir: Path) -> list[str]:
     """The arguments every child of the engine takes (``child.child_arg_parser``)."""
-    args = [
-        "--record-dir", str(record_dir),
-        "--teardown-s", str(knobs.teardown_s),
-        "--child-timeout-s", str(knobs.child_timeout_s),
-    ]  # fmt: skip
-    for spec in knobs.ignore_sigterm:
-        args += ["--ignore-sigterm", spec]
-    for spec in knobs.fork_on_shutdown:
-        args += ["--fork-on-shutdown", spec]
-    for spec in knobs.daemonize:
-        args += ["--daemonize", spec]
-    return args
+    return child_args(record_dir, knobs.teardown_s, knobs.child_timeout_s, knobs.ignore_sigterm,
+                      knobs.fork_on_shutdown, knobs.daemonize)
 
 
 def _descendants() -> list[psutil.Process]:
