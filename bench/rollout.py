@@ -97,6 +97,9 @@ class Result:
     starting: list[float]
     """Each new pod's start until Ready (seconds), which the strategies share: a coordinator
     pod starts its coordinator before its engine."""
+    load_average: tuple[float, float] = (0.0, 0.0)
+    """The machine's 1-minute load average when the strategy started and ended (other work
+    on the same cores shows here)."""
     deletions: list[Deletion] = field(default_factory=list)
     sent: list[Received] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
@@ -123,6 +126,7 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
     ``popen`` starts every process (``LocalStack``'s; a test passes its janitor's).
     """
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+    load_before = os.getloadavg()[0]
     stack = LocalStack(workdir, popen)
     try:
         deployment = Deployment(stack, strategy, kube, token_interval_ms=params.token_interval_ms)
@@ -155,7 +159,7 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
     during = [s for s in sent if (s.ended_at or 0) > started]
     requests = [r for pod in deployment.pods for r in pod.requests()]
     return Result(strategy, tally(steady), tally(during), rollout_s, ready_s, starting,
-                  deletions, sent, requests)
+                  (load_before, os.getloadavg()[0]), deletions, sent, requests)
 
 
 def _start_proxy(stack: LocalStack, upstream: str, deployment: Deployment) -> str:
@@ -235,11 +239,13 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
         ends = [d for d in res.deletions if d.gone_at is not None]
         took = [d.gone_at - d.deleted_at for d in ends if d.gone_at is not None]
         out.append(f"  new pods Ready after {res.ready_s:.1f} s (each {min(res.starting):.1f}-"
-                   f"{max(res.starting):.1f} s); old pods deleted → gone "
+                   f"{max(res.starting):.1f} s), the last old pod gone "
+                   f"{res.rollout_s - res.ready_s:.1f} s later; old pods deleted → gone "
                    f"{min(took, default=0):.1f}-{max(took, default=0):.1f} s; engine exits "
                    f"{sorted({d.engine_exit for d in ends}, key=str)}; hook exits "
                    f"{sorted({d.hook_exit for d in ends}, key=str)}; SIGKILLed by the kubelet: "
-                   f"{[k for d in ends for k in d.sigkilled] or 'none'}")
+                   f"{[k for d in ends for k in d.sigkilled] or 'none'}; load average "
+                   f"{res.load_average[0]:.1f} → {res.load_average[1]:.1f}")
         for line in res.rollout.errors[:3]:
             out.append(f"  e.g. {line}")
         for note in sorted({n for d in ends for n in d.notes})[:3]:
@@ -254,6 +260,7 @@ def _as_json(results: list[Result], params: Params, kube: Kube) -> dict[str, Any
             "results": [{"strategy": r.strategy.name, "steady": r.steady.as_dict(),
                          "rollout": r.rollout.as_dict(), "rollout_s": r.rollout_s,
                          "ready_s": r.ready_s, "starting": r.starting,
+                         "load_average": r.load_average,
                          "deletions": [asdict(d) for d in r.deletions]}
                         for r in results]}
 

@@ -91,8 +91,7 @@ class Kube:
 
 
 COORDINATOR_ARGS = ("--grace-period", "6", "--safety-margin", "1", "--tier-timeout", "2",
-                    "--confirm-timeout", "1", "--prekill-timeout", "1",
-                    "--scan-interval", "0.5")
+                    "--confirm-timeout", "1", "--prekill-timeout", "1")
 """A 5 s drain budget in a 6 s grace period: about 2 s of migration (a handoff nobody
 acknowledges holds the phase to its end), 3 s for the ordered kill."""
 

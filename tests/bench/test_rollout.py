@@ -2,21 +2,21 @@
 
 The first tests check the counting on made-up streams (no process); the last runs the
 smallest real rollout (two pods behind the real ``smg``, drained through their coordinators,
-no continuation) and holds every number of the table against what each engine logged it
-took and how each request ended there (``Pod.requests()``), so a client-side miscount, a
-request missed, or a token double-counted shows. It needs the real router: marked
-``engine``, it runs with the engine tests.
+the clients straight on smg or behind the continuation proxy) and holds every number of the
+table against what each engine logged it took and how each request ended there
+(``Pod.requests()``), so a client-side miscount, a request missed, or a token counted twice
+shows. It needs the real router: marked ``engine``, it runs with the engine tests.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from bench.rollout import STRATEGIES, Params, run_strategy
+from bench.rollout import STRATEGIES, Params, Result, proxy_installed, run_strategy
 from bench.rollout_load import Received, tally
 from bench.rollout_pods import Kube
 from devstack import routers
@@ -63,51 +63,70 @@ def test_a_stitched_stream_that_repeats_or_skips_is_caught_token_by_token() -> N
     assert tally([repeated, skipped, rechunked]).cut == 0
 
 
+def _attempts(result: Result) -> dict[str, list[dict[str, Any]]]:
+    """The engines' records of each client request, in arrival order: one per attempt (the
+    continuation proxy names its attempts ``ID.0``, ``ID.1``, ...)."""
+    continued = result.strategy.continuation
+    attempts: dict[str, list[dict[str, Any]]] = {}
+    for record in sorted(result.requests, key=lambda r: r["arrived_at_monotonic"]):
+        rid = record["request_id"]
+        attempts.setdefault(rid.rsplit(".", 1)[0] if continued else rid, []).append(record)
+    return attempts
+
+
 @pytest.mark.engine
-def test_the_smallest_rollout_counts_what_the_engines_saw(janitor: ProcessJanitor,
+@pytest.mark.parametrize("name", ["coordinator", "continuation"])
+def test_the_smallest_rollout_counts_what_the_engines_saw(name: str, janitor: ProcessJanitor,
                                                           tmp_path: Path) -> None:
     """1. Two pods behind the real smg, each with a coordinator told of it; four clients
-       stream 60-token completions straight through smg (no continuation).
+       stream 60-token completions through smg (``coordinator``) or through the
+       continuation proxy in front of it (``continuation``).
     2. A short steady state, then both pods replaced one after another (surge, Ready, the
        preStop hook's drain, SIGTERM), as the benchmark does.
-    3. Every request the clients sent reached exactly one engine, old or new (the engines'
-       own logs), and no engine took a request nobody sent.
-    4. Each stream's end at the client is its end at the engine: ``done`` with exactly the
-       expected tokens, or handed back after exactly as many tokens as the engine produced.
-    5. The table's numbers add up to the engines' records: cut = the engines' hand-backs,
-       lost = the tokens those hand-backs did not produce, nothing failed or duplicated;
+    3. Every request the clients sent reached the engines, and no engine took a request
+       nobody sent (the engines' own logs); straight through smg each exactly once.
+    4. Each stream's end at the client is its end at the engines: straight through smg,
+       ``done`` with exactly the expected tokens, or handed back after exactly as many
+       tokens as the engine produced; through the proxy, every stream whole, its attempts
+       handed back but the last, their tokens adding up to the stream's.
+    5. The table's numbers add up to the engines' records: cut = the hand-backs that reached
+       a client, lost = the tokens those did not produce, nothing failed or duplicated;
        every hand-back is in the rollout's numbers, none in the steady state's.
     6. Every process of the old pods exited on its own (no kubelet SIGKILL), the hooks
        returned 0, the old engines exited 0."""
     if not routers.installed():
         pytest.skip("the routers are not installed: run scripts/engines.sh routers")
-    strategy = next(s for s in STRATEGIES if s.name == "coordinator")
+    strategy = next(s for s in STRATEGIES if s.name == name)
+    if strategy.continuation and not proxy_installed():
+        pytest.skip("the continuation proxy is not installed")
     params = Params(pods=2, clients=4, max_tokens=60, warmup_s=1.0, steady_s=2.0)
     result = asyncio.run(run_strategy(strategy, params, Kube(), tmp_path, janitor.spawn))
 
-    taken = Counter(r["request_id"] for r in result.requests)
+    attempts = _attempts(result)
     sent = {s.request_id: s for s in result.sent}
-    assert set(taken) == set(sent), (set(taken) ^ set(sent))
-    assert max(taken.values()) == 1, [rid for rid, n in taken.items() if n > 1]
-
-    by_id = {r["request_id"]: r for r in result.requests}
-    for stream in result.sent:
-        record = by_id[stream.request_id]
-        if stream.end == "done":
-            assert record["how"] == "done"
-            assert stream.tokens() == stream.expected()
-        else:
-            assert (stream.end, record["how"]) == ("handed_back", "handed_back"), stream.error
-            assert stream.tokens() == stream.expected()[:record["tokens"]]
-
+    assert set(attempts) == set(sent), (set(attempts) ^ set(sent))
     handed = [r for r in result.requests if r["how"] == "handed_back"]
     assert handed, "no stream was in flight on a drained pod: the rollout measured nothing"
-    lost = sum(r["max_tokens"] - r["tokens"] for r in handed)
+    for stream in result.sent:
+        tried = attempts[stream.request_id]
+        assert [r["how"] for r in tried] == ["handed_back"] * (len(tried) - 1) + [
+            "done" if stream.end == "done" else "handed_back"], (stream.request_id, tried)
+        if not strategy.continuation:
+            assert len(tried) == 1, tried
+            assert stream.tokens() == stream.expected()[:tried[0]["tokens"]]
+            assert stream.end == ("done" if tried[0]["how"] == "done" else "handed_back")
+        else:
+            assert stream.end == "done", stream.error
+            assert stream.tokens() == stream.expected()
+            assert sum(r["tokens"] for r in tried) == stream.max_tokens, tried
+
+    cut_at_client = [] if strategy.continuation else handed
+    lost = sum(r["max_tokens"] - r["tokens"] for r in cut_at_client)
     whole = tally(result.sent)
-    assert (whole.cut, whole.lost, whole.failed, whole.duplicated) == (len(handed), lost, 0, 0)
-    assert (result.rollout.cut, result.rollout.lost) == (len(handed), lost)
+    assert (whole.cut, whole.lost, whole.failed, whole.duplicated) == \
+        (len(cut_at_client), lost, 0, 0)
+    assert (result.rollout.cut, result.rollout.lost) == (len(cut_at_client), lost)
     assert (result.steady.cut, result.steady.lost) == (0, 0)
-    assert result.steady.streams + result.rollout.streams <= len(result.sent)
 
     assert all(not d.sigkilled for d in result.deletions), result.deletions
     assert {d.hook_exit for d in result.deletions} == {0}, result.deletions
