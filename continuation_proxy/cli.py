@@ -6,22 +6,20 @@
 
 Once listening it writes ``{"pid", "port", "url"}`` to the ready file (atomically) and prints
 it on one line. SIGTERM or SIGINT stop it: it stops accepting, gives open streams
-``--shutdown-timeout`` seconds to end, and exits 0; a second SIGINT (or SIGQUIT) stops it at
-once.
+``--shutdown-timeout`` seconds to end, and exits 0; a second SIGINT stops it at once.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import signal
 import socket
 import sys
-from collections.abc import Generator
+from pathlib import Path
 from types import FrameType
 
 import httpx
@@ -36,39 +34,10 @@ from router_client.upstream import READ_TIMEOUT_S
 EXIT_OK = 0
 EXIT_USAGE = 2
 """argparse's code for a command line it refuses; also an unreadable or empty token file."""
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 SHUTDOWN_TIMEOUT_S = 10.0
 """How long open streams may run on after a stop signal (s) before they are cut."""
 TOKEN_ENV = "SHUTDOWN_COORDINATOR_TOKEN"
-
-
-class ProxyServer(uvicorn.Server):
-    """uvicorn's server, stopped by signals it only records (the loop acts on them), and
-    exiting 0: uvicorn would re-raise the signal after serving."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.stop_signals: list[int] = []
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in STOP_SIGNALS}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        self.stop_signals.append(sig)
-
-    async def on_tick(self, counter: int) -> bool:
-        if self.stop_signals:
-            self.should_exit = True
-            if signal.SIGQUIT in self.stop_signals or self.stop_signals.count(
-                    signal.SIGINT) > 1:
-                self.force_exit = True
-        return await super().on_tick(counter)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -127,19 +96,11 @@ async def serve(args: argparse.Namespace) -> None:
                               http=http, max_continuations=args.max_continuations,
                               ask_token_ids=args.token_ids)
     app = build_app(client, http, Limits(max_body_bytes=args.max_body_bytes))
-    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
-    sock.listen(2048)
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level=args.log_level, lifespan="off",
-                            timeout_graceful_shutdown=args.shutdown_timeout)
-    server = ProxyServer(config)
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    ready = {"pid": os.getpid(), "port": port, "url": f"http://{host}:{port}"}
-    if args.ready_file:
-        _write_atomically(args.ready_file, json.dumps(ready))
-    print(json.dumps(ready), flush=True)
+    sock, url = _listen(args.host, args.port)
+    server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off",
+                                           timeout_graceful_shutdown=args.shutdown_timeout))
+    _stop_on_signals(server)
+    _announce(url, args.ready_file)
     try:
         await server.serve(sockets=[sock])
     finally:
@@ -147,11 +108,40 @@ async def serve(args: argparse.Namespace) -> None:
         await http.aclose()
 
 
-def _write_atomically(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+def _listen(host: str, port: int) -> tuple[socket.socket, str]:
+    """A socket listening on ``host:port`` (connections queue from now on, before uvicorn
+    accepts them), and its URL."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    shown = f"[{host}]" if family == socket.AF_INET6 else host
+    return sock, f"http://{shown}:{sock.getsockname()[1]}"
+
+
+def _announce(url: str, ready_file: str | None) -> None:
+    """Say where the proxy listens: one JSON line on stdout, and the ready file (written
+    whole under another name, then renamed, so a reader never sees half of it)."""
+    line = json.dumps({"pid": os.getpid(), "port": int(url.rsplit(":", 1)[1]), "url": url})
+    if ready_file:
+        partial = Path(f"{ready_file}.partial")
+        partial.write_text(line, encoding="utf-8")
+        partial.replace(ready_file)
+    print(line, flush=True)
+
+
+def _stop_on_signals(server: uvicorn.Server) -> None:
+    """SIGTERM and SIGINT ask ``server`` to stop, before uvicorn takes them over and after
+    it gives them back. uvicorn raises the signal it stopped on again once it has stopped,
+    with the handlers it found restored: these, so the proxy then exits 0 instead of dying
+    by the signal, and a signal during start-up is not lost. Handlers only record."""
+
+    def stop(sig: int, frame: FrameType | None) -> None:
+        server.should_exit = True
+
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, stop)
 
 
 def main(argv: list[str] | None = None) -> int:

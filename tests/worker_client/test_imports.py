@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -68,12 +69,18 @@ def test_no_http_library_is_loaded() -> None:
     """1. In a fresh interpreter, import worker_client and build a client.
     2. No HTTP library (httpx, httpcore, h11, anyio) was loaded: the transport is the
     standard library's sockets."""
-    probe = ("import sys, worker_client; worker_client.WorkerClient(None); "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & "
-             "{'httpx', 'httpcore', 'h11', 'anyio', 'requests', 'urllib3'}))")
-    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, cwd=PACKAGE.parent).stdout.strip()
-    assert seen == "[]"
+    assert _loaded_by("import worker_client; worker_client.WorkerClient(None)",
+                      {"httpx", "httpcore", "h11", "anyio", "requests", "urllib3"}) == []
+
+
+def _loaded_by(code: str, watched: set[str]) -> list[str]:
+    """The packages of ``watched`` that running ``code`` in a fresh interpreter loads."""
+    probe = (f"import json, sys; {code}; "
+             "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=PACKAGE.parent)
+    loaded: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
+    return sorted(set(loaded) & watched)
 
 
 # -- the router side's continuation layer: router_client's new modules and the proxy.
@@ -99,12 +106,9 @@ def test_the_continuation_client_loads_no_web_framework() -> None:
     """1. In a fresh interpreter, import router_client.continuation and build a client.
     2. Neither a web framework (Starlette, uvicorn, FastAPI) nor anything of coordinator,
        worker_client or devstack was loaded: an application's own process can use it."""
-    probe = ("import sys, router_client.continuation as c; c.ContinuingClient('http://x'); "
-             "print(sorted({m.split('.')[0] for m in sys.modules} & {'starlette', 'uvicorn', "
-             "'fastapi', 'coordinator', 'worker_client', 'devstack'}))")
-    seen = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, cwd=ROUTER_CLIENT.parent).stdout.strip()
-    assert seen == "[]"
+    assert _loaded_by("import router_client as c; c.ContinuingClient('http://x')",
+                      {"starlette", "uvicorn", "fastapi", "coordinator", "worker_client",
+                       "devstack"}) == []
 
 
 def test_the_proxy_imports_neither_the_service_nor_the_engine_side() -> None:
