@@ -12,7 +12,9 @@ import contextlib
 import itertools
 import os
 import signal
+import socket
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +28,7 @@ from devstack.sim.group.launcher import (
     LWS_LEADER_ADDRESS,
     LWS_WORKER_INDEX,
     GroupHandle,
+    spawn_beside,
     start_group,
 )
 from devstack.sim.group.network import KIND_AUTO, KIND_LOOPBACK, KIND_NETNS
@@ -157,6 +160,33 @@ async def test_a_group_serves_streams_each_token_a_step_of_every_rank(
         assert record["steps"] == finished["steps"], rank
         assert record["hung"] is None
     _assert_nothing_left(group)
+
+
+def test_a_sidecar_beside_a_pod_shares_its_network_and_environment(
+    start_sim_group: StartGroup, janitor: ProcessJanitor,
+) -> None:
+    """1. Start a group of 3 pods. 2. Start a process beside pod 2, as its coordinator
+    sidecar would run: it listens on the pod's address. 3. It is in the pod's network
+    namespace (where pods have one) and has the pod's LeaderWorkerSet environment. 4. The
+    host reaches it at the pod's address; it answers its LWS_WORKER_INDEX and exits 0."""
+    group = start_sim_group(3)
+    pod = group.pods[2]
+    serve_once = ("import os, socket, sys; s = socket.create_server((sys.argv[1], 0)); "
+                  "print(s.getsockname()[1], flush=True); c, _ = s.accept(); "
+                  "c.sendall(os.environ['LWS_WORKER_INDEX'].encode()); c.close()")
+    sidecar = spawn_beside(janitor.spawn, group.network, 2,
+                           [sys.executable, "-c", serve_once, pod.address],
+                           stdout=subprocess.PIPE, text=True)
+    assert sidecar.stdout is not None
+    port = int(sidecar.stdout.readline())
+    assert os.readlink(f"/proc/{sidecar.pid}/ns/net") == os.readlink(f"/proc/{pod.pid}/ns/net")
+    lws = (LWS_LEADER_ADDRESS, LWS_GROUP_SIZE, LWS_WORKER_INDEX)
+    beside, engine = _environ(sidecar.pid), _environ(pod.pid)
+    assert [beside[k] for k in lws] == [engine[k] for k in lws] == [
+        group.leader.address, "3", "2"]
+    with socket.create_connection((pod.address, port), timeout=EXIT_TIMEOUT_S) as conn:
+        assert conn.recv(16) == b"2"
+    assert sidecar.wait(timeout=EXIT_TIMEOUT_S) == 0
 
 
 async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(

@@ -15,7 +15,7 @@ docs/multinode-sim.md tells the whole story.
     leader      the leader pod's main process (``EngineMain`` over the group)
     pod         which pod runs what; a follower pod's main process
     network     a network namespace per pod, or a loopback address per pod
-    launcher    ``start_group``, ``launch_pod`` and their handles
+    launcher    ``start_group``, ``launch_pod``, ``spawn_beside`` (a sidecar) and handles
 
 The names below are imported when first used: every rank process imports this package
 first (``python -m devstack.sim.group.rank``), and needs none of them.
@@ -27,7 +27,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from devstack.sim.group.launcher import GroupHandle, GroupShape, Pod, launch_pod, start_group
+    from devstack.sim.group.launcher import (
+        GroupHandle,
+        GroupShape,
+        Pod,
+        launch_pod,
+        lws_environment,
+        spawn_beside,
+        start_group,
+    )
     from devstack.sim.group.network import GroupNetwork, PodPlace, make_network
 
 _WHERE = {
@@ -37,12 +45,14 @@ _WHERE = {
     "Pod": "devstack.sim.group.launcher",
     "PodPlace": "devstack.sim.group.network",
     "launch_pod": "devstack.sim.group.launcher",
+    "lws_environment": "devstack.sim.group.launcher",
     "make_network": "devstack.sim.group.network",
+    "spawn_beside": "devstack.sim.group.launcher",
     "start_group": "devstack.sim.group.launcher",
 }
 
 __all__ = ["GroupHandle", "GroupNetwork", "GroupShape", "Pod", "PodPlace", "launch_pod",
-           "make_network", "start_group"]
+           "lws_environment", "make_network", "spawn_beside", "start_group"]
 
 
 def __getattr__(name: str) -> Any:

@@ -8,6 +8,10 @@ whole group, and read what happened.
     group.rank_records()                       # {global rank: its end record}
     group.kill(); group.close()                # SIGKILL what still runs; delete the network
 
+    network = make_network(4)                  # or first the network, and a sidecar per pod:
+    spawn_beside(janitor.spawn, network, i, ["python", "-m", "coordinator", "serve", ...])
+    group = start_group(janitor.spawn, tmp_path, 4, network=network, coordinators=[...])
+
 Each pod is started as ``start_engine`` starts an engine — ``python -m devstack.sim`` with
 ``--nnodes``, ``--node-rank`` and ``--dist-init-addr`` — in a session of its own (or as its
 ``spawn`` does), inside its network namespace when it has one, with the environment a
@@ -20,7 +24,8 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Sequence
+import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -62,8 +67,29 @@ class GroupShape:
     """``HOST:PORT`` of rank 0."""
 
     def lws_environment(self, index: int) -> dict[str, str]:
-        return {LWS_LEADER_ADDRESS: self.leader_address, LWS_GROUP_SIZE: str(self.size),
-                LWS_WORKER_INDEX: str(index)}
+        return lws_environment(self.leader_address, self.size, index)
+
+
+def lws_environment(leader_address: str, size: int, index: int) -> dict[str, str]:
+    """What a LeaderWorkerSet puts in the environment of pod ``index`` (its every container:
+    the engine's, and a coordinator sidecar's)."""
+    return {LWS_LEADER_ADDRESS: leader_address, LWS_GROUP_SIZE: str(size),
+            LWS_WORKER_INDEX: str(index)}
+
+
+def spawn_beside(spawn: Callable[..., subprocess.Popen[Any]] | None, network: GroupNetwork,
+                 index: int, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """Start ``argv`` as another container of pod ``index`` (a coordinator sidecar): in the
+    pod's network namespace when it has one, with the pod's LeaderWorkerSet environment.
+    ``kwargs`` go to ``spawn`` (the janitor's takes ``service=True``, ``stdout`` ...);
+    without one, the process gets a session of its own."""
+    place = network.pods[index]
+    env = {**os.environ, **lws_environment(network.pods[0].address, len(network.pods), index)}
+    full = [*place.argv_prefix, *argv]
+    if spawn is not None:
+        return spawn(full, env=env, **kwargs)
+    return subprocess.Popen(full, env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                            **kwargs)
 
 
 @dataclass
