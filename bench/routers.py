@@ -1,7 +1,8 @@
 """How soon a real router stops sending new requests to a draining pod, three ways, in one run.
 
     .venv/bin/python -m bench.routers [--routers smg,vllm-router] [--adapter-reps 40]
-        [--kubernetes-reps 20] [--health-reps 8] [--clients 8] [--pods 3] [--seed 1]
+        [--kubernetes-reps 20] [--health-reps 8] [--continuation-drains 4] [--clients 16]
+        [--pods 3] [--seed 1]
 
 For each router (SGLang Model Gateway ``smg``, ``vllm-router``, from .engines/routers):
 three simulated pods behind it (``LocalStack.start_routed_pods``), a closed-loop streaming
@@ -13,8 +14,12 @@ readiness removal (``bench/routers_rig.py`` says how each works and what the sim
 delay is). Printed side by side: p50, p99 and max, the requests that still reached the
 pod, and each strategy's p50 and p99 against the adapter's.
 
-The adapter's goal is ≤ 50 ms at p99. Every process this script starts is ended by it
-(``LocalStack.close()``: SIGTERM by PID in order, SIGKILL for stragglers).
+The adapter's goal is ≤ 50 ms at p99. The second measure (``bench/routers_continuation.py``):
+requests lost and tokens duplicated or missing while pods drain behind each router, with the
+continuation proxy in front of it and without (goal: 0 and 0 with it).
+
+Every process this script starts is ended by it (``LocalStack.close()``: SIGTERM by PID in
+order, SIGKILL for stragglers).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.drain_rig import pct  # noqa: E402
+from bench.routers_continuation import SIDES, Damage, damage_table, measure_damage  # noqa: E402
 from bench.routers_rig import (  # noqa: E402
     COORDINATOR,
     ENGINE,
@@ -60,6 +66,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kubernetes-reps", type=int, default=20)
     parser.add_argument("--health-reps", type=int, default=8,
                         help="each drains a pod to its end and starts a new one")
+    parser.add_argument("--continuation-drains", type=int, default=4,
+                        help="drains per router with and without the continuation proxy, "
+                        "for the second measure (0: skip it)")
     parser.add_argument("--clients", type=int, default=16, help="streams at a time")
     parser.add_argument("--pods", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1, help="of the simulated endpoint delay")
@@ -165,6 +174,23 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
     met = all(w <= GOAL_P99_MS for w in worst)
     print(f"\nadapter p99 {' / '.join(f'{w:.1f}' for w in worst)} ms: goal ≤ {GOAL_P99_MS:.0f} "
           f"ms {'met' if met else 'NOT met'}")
+    if args.continuation_drains <= 0:
+        return 0
+    damage: list[Damage] = []
+    for kind in args.routers:
+        for with_proxy in (False, True):
+            name = f"{kind}-damage-{SIDES[with_proxy]}"
+            (workdir / name).mkdir()
+            damage.append(await measure_damage(kind, with_proxy, args.continuation_drains,
+                                               args.clients, workdir / name))
+            print(f"  {kind:<11} {SIDES[with_proxy]} the proxy: {damage[-1]}", flush=True)
+    print()
+    print("\n".join(damage_table(damage)))
+    proxied = [d for d in damage if d.side == "with"]
+    zero = all(d.lost == 0 and d.duplicated == 0 for d in proxied)
+    print(f"\nwith the continuation proxy: {sum(d.lost for d in proxied)} lost, "
+          f"{sum(d.duplicated for d in proxied)} tokens duplicated: goal 0 and 0 "
+          f"{'met' if zero else 'NOT met'}")
     return 0
 
 
