@@ -242,8 +242,11 @@ class ContinuingClient:
         ended. An upstream error event is passed on, and so is what follows it."""
         errored = False
         try:
-            event: Event | None = attempt.first
-            while event is not None:
+            opening = iter(attempt.opening)
+            while True:
+                event = next(opening, None)
+                if event is None and (event := await anext(attempt.events, None)) is None:
+                    break
                 if isinstance(event, str):  # [DONE]
                     attempt.outcome = "error" if errored else "done"
                     yield event
@@ -258,7 +261,6 @@ class ContinuingClient:
                 self.stats.tokens += stitcher.sent - before
                 if out is not None:
                     yield out
-                event = await anext(attempt.events, None)
             attempt.outcome = "error" if errored else "broken"
         except httpx.TransportError:
             attempt.outcome = "error" if errored else "broken"

@@ -87,7 +87,8 @@ class Attempt:
 
     response: httpx.Response
     events: AsyncIterator[Event]
-    first: Event
+    opening: list[Event]
+    """The events read before the attempt was known to be taken (``_opening``)."""
     outcome: str = "broken"
     """How it ended: ``done``, ``handed_back``, ``broken``, ``error`` (the upstream sent an
     error event) or ``malformed`` (not server-sent events of JSON)."""
@@ -145,17 +146,18 @@ class Upstream:
             raise UpstreamRejected(response.status_code, content, kind)
         events = sse.events(response.aiter_lines())
         try:
-            first = await anext(events, None)
+            opening = await _opening(events)
         except (httpx.TransportError, ValueError) as exc:
             await response.aclose()
             raise Refused(502, _detail(f"upstream stream broke at once: {exc!r}")) from exc
-        handed = handed_back(first) if isinstance(first, dict) else None
-        if first is None or (handed is not None and handed.tokens == 0):
+        last = opening[-1] if opening else None
+        handed = handed_back(last) if isinstance(last, dict) else None
+        if last is None or (handed is not None and handed.tokens == 0):
             await response.aclose()
             if handed is not None:
                 self.on_handed_back(handed)
             raise Refused(503, _detail("upstream ended the stream before its first token"))
-        return Attempt(response, events, first)
+        return Attempt(response, events, opening)
 
 
 def upstream_headers(headers: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
@@ -179,6 +181,37 @@ def handed_back(event: dict[str, Any]) -> HandedBack | None:
         return HandedBack.from_event(event)
     except MalformedAnswer:
         return None
+
+
+OPENING_EVENTS = 8
+"""Events read, at most, before an attempt counts as taken: a chat stream opens with a
+role-only chunk (vLLM), and one more says whether a token or the hand-back follows."""
+
+
+async def _opening(events: AsyncIterator[Event]) -> list[Event]:
+    """The stream's first events, up to and including the first that says the attempt was
+    taken or not: a token, the end, an error, the hand-back (or ``OPENING_EVENTS`` of
+    them); empty when the stream ended at once."""
+    opening: list[Event] = []
+    async for event in events:
+        opening.append(event)
+        if len(opening) >= OPENING_EVENTS or not _empty(event):
+            break
+    return opening
+
+
+def _empty(event: Event) -> bool:
+    """A chunk that carries nothing yet: no text, no delta but ``role``, no finish, no
+    usage (vLLM's first chat chunk, ``{"role": "assistant", "content": ""}``)."""
+    if not isinstance(event, dict) or set(event) & {"usage", "error", "handed_back"}:
+        return False
+    for choice in event.get("choices") or ():
+        if not isinstance(choice, dict) or choice.get("finish_reason") or choice.get("text"):
+            return False
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and any(v for k, v in delta.items() if k != "role"):
+            return False
+    return bool(event.get("choices"))
 
 
 def _detail(message: str) -> bytes:

@@ -4,6 +4,7 @@ collected answer is put together."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ from router_client.openai_requests import (
     stream_refusal,
 )
 from router_client.stitching import Stitcher
-from router_client.upstream import Refused, RetryPolicy
+from router_client.upstream import Refused, RetryPolicy, _opening
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -249,3 +250,21 @@ async def test_a_refused_attempt_is_retried_within_the_policy_and_a_rejection_is
     slept.clear()
     assert await run(UpstreamRejected(400, b"")) == 1
     assert slept == []
+
+
+async def test_an_attempt_is_taken_at_its_first_token_not_its_role_chunk() -> None:
+    """1. A chat stream that opens with a role-only chunk and is then handed back: the
+       opening read runs past the role chunk to the hand-back (so the attempt counts as
+       refused, and is retried, not continued).
+    2. One whose second chunk has a token stops there; an empty stream gives nothing."""
+
+    async def events(*items: dict[str, Any] | str) -> AsyncIterator[dict[str, Any] | str]:
+        for item in items:
+            yield item
+
+    role = _chat_chunk({"role": "assistant", "content": ""})
+    handed = {"handed_back": True, "request_id": "r.0", "tokens": 0}
+    assert await _opening(events(role, handed, "[DONE]")) == [role, handed]
+    token = _chat_chunk({"content": " a"})
+    assert await _opening(events(role, token, handed)) == [role, token]
+    assert await _opening(events()) == []
