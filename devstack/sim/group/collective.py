@@ -255,22 +255,30 @@ class Root(Collective):
         2. Wait for each one's bye, up to the timeout.
         3. Record how each answered: ``bye``, ``gone`` or ``no answer``.
         """
-        answers = {str(r): "gone" for r in self.lost}
-        told = {r: c for r, c in self.members.items()
-                if r not in self.lost and c.send({"op": "finish"})}
-        answers.update({str(r): "gone" for r in self.members if r not in told})
+        answers: dict[str, str] = {}
+        told: dict[int, Channel] = {}
+        for rank, channel in self.members.items():
+            if rank not in self.lost and channel.send({"op": "finish"}):
+                told[rank] = channel
+            else:
+                answers[str(rank)] = "gone"
         deadline = time.monotonic() + self.timeout_s
         for rank, channel in told.items():
-            try:
-                while (message := channel.next(deadline)) is not None:
-                    if message.get("op") == "bye":
-                        break
-                answers[str(rank)] = "bye" if message is not None else "no answer"
-            except PeerGone:
-                answers[str(rank)] = "gone"
+            answers[str(rank)] = _bye(channel, deadline)
         self.finished = True
         self.record.update(cause=CAUSE_FINISHED, finish=answers, steps=self.steps)
         return answers
+
+
+def _bye(channel: Channel, deadline: float) -> str:
+    """How a rank told to finish answered: ``bye``, ``gone`` or ``no answer``."""
+    try:
+        while (message := channel.next(deadline)) is not None:
+            if message.get("op") == "bye":
+                return "bye"
+    except PeerGone:
+        return "gone"
+    return "no answer"
 
 
 class Member(Collective):
