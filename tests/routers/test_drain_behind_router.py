@@ -65,6 +65,14 @@ def _router_told(pod: Pod) -> dict[str, Any] | None:
     return entry if entry["state"] == "removed" else None
 
 
+def _told_and_more_sent(fleet: RoutedFleet, load: RouterLoad) -> dict[str, Any] | None:
+    """The drained pod's ``routers`` entry once the router was told and ``AFTER_TOLD``
+    streams sent after that have ended."""
+    told = _router_told(fleet.pods[0])
+    after = [s for s in load.ended() if told and s.sent_at > told["at"]]
+    return told if len(after) >= AFTER_TOLD else None
+
+
 def _check_streams(sent: list[SentStream]) -> None:
     """Nothing lost: every stream ended [DONE] with exactly its tokens, or handed back after
     exactly its first tokens (as many as the handed-back event says)."""
@@ -83,15 +91,20 @@ def _handed_back_by(pod: Pod) -> set[str]:
 
 async def _drained_under_load(
     stack: LocalStack, router_name: str, *, adapter: bool,
-    until: Callable[[RoutedFleet, RouterLoad], Any],
+    until: Callable[[RoutedFleet, RouterLoad], Any], proxy: bool = False,
 ) -> tuple[RoutedFleet, list[SentStream], dict[str, Any], Any]:
-    """Steps 1-5 of both scenarios; returns the fleet, the streams, the drain's summary and
+    """Steps 1-5 of every scenario (with ``proxy``, the load goes through the continuation
+    proxy, told every coordinator); returns the fleet, the streams, the drain's summary and
     what ``until`` returned."""
     fleet = await asyncio.to_thread(
         stack.start_routed_pods, router_name, PODS, adapter=adapter,
         coordinator_args=COORDINATOR, health_check_interval_s=HEALTH_CHECK_S)
     drained = fleet.pods[0]
-    load = RouterLoad(fleet.router.url, clients=CLIENTS, max_tokens=TOKENS, prefix=router_name)
+    url = fleet.router.url
+    if proxy:
+        url = await asyncio.to_thread(stack.start_continuation_proxy, url,
+                                      [p.coordinator.url for p in fleet.pods])
+    load = RouterLoad(url, clients=CLIENTS, max_tokens=TOKENS, prefix=router_name)
     clients = asyncio.create_task(load.run())
     try:
         await _until(lambda: all(p.requests() for p in fleet.pods) and _in_flight_on(drained),
@@ -125,13 +138,8 @@ async def test_with_the_adapter_no_request_reaches_the_drained_pod_once_the_rout
        unacknowledged handoffs (no continuation layer here), its timeline has the drain
        start before the router's answer, and every process of the pod exited."""
 
-    def told_and_more_sent(fleet: RoutedFleet, load: RouterLoad) -> dict[str, Any] | None:
-        told = _router_told(fleet.pods[0])
-        after = [s for s in load.ended() if told and s.sent_at > told["at"]]
-        return told if len(after) >= AFTER_TOLD else None
-
     fleet, sent, summary, told = await _drained_under_load(
-        local_stack, router_name, adapter=True, until=told_and_more_sent)
+        local_stack, router_name, adapter=True, until=_told_and_more_sent)
     drained, others = fleet.pods[0], fleet.pods[1:]
     _check_streams(sent)
 
@@ -232,27 +240,9 @@ async def test_through_the_continuation_proxy_every_stream_arrives_whole(
        stream whole; every request pod 0 took (by its prompt) was sent before the router
        was told.
     6. The proxy acknowledged every handoff: the drain is graceful, nothing lost."""
-    fleet = await asyncio.to_thread(
-        local_stack.start_routed_pods, router_name, PODS, coordinator_args=COORDINATOR,
-        health_check_interval_s=HEALTH_CHECK_S)
+    fleet, sent, summary, told = await _drained_under_load(
+        local_stack, router_name, adapter=True, until=_told_and_more_sent, proxy=True)
     drained = fleet.pods[0]
-    proxy = await asyncio.to_thread(local_stack.start_continuation_proxy, fleet.router.url,
-                                    [p.coordinator.url for p in fleet.pods])
-    load = RouterLoad(proxy, clients=CLIENTS, max_tokens=TOKENS, prefix=router_name)
-    clients = asyncio.create_task(load.run())
-    try:
-        await _until(lambda: all(p.requests() for p in fleet.pods) and _in_flight_on(drained),
-                     "every engine taking requests, one in flight on the drained pod")
-        drain = asyncio.create_task(asyncio.to_thread(
-            httpx.get, f"{drained.coordinator.url}/drain", timeout=WAIT_S))
-        told = await _until(lambda: _router_told(drained), "the router told")
-        await _until(lambda: len([s for s in load.ended() if s.sent_at > told["at"]])
-                     >= AFTER_TOLD, "streams sent after the router was told")
-        answer = await drain
-    finally:
-        load.stop()
-        sent = await clients
-
     broken = [(s.request_id, s.end, s.error, len(s.tokens)) for s in sent if not s.exact]
     assert not broken, broken
     taken = [(r, _client_of(r["prompt"], sent)) for r in drained.requests()]
@@ -262,6 +252,5 @@ async def test_through_the_continuation_proxy_every_stream_arrives_whole(
     assert all(client is not None and client.exact for client in handed)
     late = [r["prompt"] for r, client in taken if client and client.sent_at > told["at"]]
     assert not late, late
-    summary = answer.json()
     assert summary["outcome"] == "graceful", summary.get("drain")
     assert summary["drain"]["lost_requests"] == 0
