@@ -26,6 +26,7 @@ from tenacity import (
     wait_random,
 )
 
+import shutdown_wire as wire
 from router_client import sse
 from router_client.errors import MalformedAnswer, UpstreamRejected
 from router_client.messages import HandedBack
@@ -203,7 +204,7 @@ async def _opening(events: AsyncIterator[Event]) -> list[Event]:
 def _empty(event: Event) -> bool:
     """A chunk that carries nothing yet: no text, no delta but ``role``, no finish, no
     usage (vLLM's first chat chunk, ``{"role": "assistant", "content": ""}``)."""
-    if not isinstance(event, dict) or set(event) & {"usage", "error", "handed_back"}:
+    if not isinstance(event, dict) or set(event) & {"usage", "error", wire.HANDED_BACK}:
         return False
     for choice in event.get("choices") or ():
         if not isinstance(choice, dict) or choice.get("finish_reason") or choice.get("text"):

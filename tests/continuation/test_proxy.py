@@ -209,7 +209,7 @@ async def test_a_tool_call_in_progress_is_refused(janitor: ProcessJanitor,
     assert "tool_calls" in chunks[-2]["choices"][0]["delta"]
     assert chunks[-1]["error"]["code"] == "tool_call"
     asked = await asyncio.to_thread(httpx.get, f"{upstream}/requests", timeout=10)
-    assert asked.json() == {"chat": 1}
+    assert asked.json()["chat"] == 1
     assert proxy.metrics()['continuation_proxy_refused_total{reason="tool_call"}'] == 1
 
 
@@ -299,3 +299,29 @@ async def test_a_client_that_goes_away_releases_the_upstream_stream(
                 break
     await asyncio.to_thread(wait_for, lambda: health(engine)["inflight"] == 0,
                             what="the engine's stream released")
+
+
+async def test_a_completion_is_continued_by_token_ids_when_the_engine_gives_them(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """1. The proxy in front of an upstream that streams token ids as vLLM does
+       (``return_token_ids``: the prompt's ids in the first chunk, each token's id in its
+       chunk) and hands a stream back after 3 tokens.
+    2. Stream a 6-token completion of a text prompt: the client gets the 6 tokens in order
+       and [DONE], and no token ids (it did not ask for them).
+    3. The upstream was asked twice, both times for token ids; the continuation's prompt is
+       the prompt's ids followed by the 3 ids streamed, for the 3 tokens left: exact, with
+       nothing tokenized again."""
+    upstream = start_scripted(janitor, tmp_path)
+    proxy = start_proxy(janitor, tmp_path, upstream)
+    chunks, last = await stream(f"{proxy.url}/v1/completions",
+                                {"model": "sim", "prompt": "Once", "max_tokens": 6})
+    assert tokens_of(chunks) == [f" t{i}" for i in range(6)]
+    assert last == "[DONE]"
+    assert not [c for c in chunks if {"token_ids", "prompt_token_ids"} & set(c["choices"][0])]
+    asked = (await asyncio.to_thread(httpx.get, f"{upstream}/requests", timeout=10)).json()
+    first, again = asked["completions"]
+    assert first["return_token_ids"] is True
+    assert first["prompt"] == "Once"
+    assert again["return_token_ids"] is True
+    assert (again["prompt"], again["max_tokens"]) == ([1, 2, 3, 100, 101, 102], 3)
