@@ -107,7 +107,7 @@ def build_app(client: ContinuingClient, http: httpx.AsyncClient,
         return JSONResponse({"status": "ok", "upstream": client.upstream})
 
     async def prometheus(request: Request) -> Response:
-        return Response(metrics.render(client.stats, client.acks.acked),
+        return Response(metrics.render(client.stats),
                         media_type=metrics.CONTENT_TYPE)
 
     return Starlette(routes=[

@@ -15,10 +15,11 @@ _COUNTERS = (
     ("broken", "Upstream streams that broke after they started (no [DONE])."),
     ("upstream_retries", "Refused upstream attempts tried again."),
     ("tokens", "Tokens sent to clients."),
+    ("acked", "Handoffs a coordinator took (acknowledged, or remembered early)."),
 )
 
 
-def render(stats: ContinuationStats, acked: int) -> str:
+def render(stats: ContinuationStats) -> str:
     """Every counter, refusals and failures labelled by reason (each refusal reason is
     always listed, at 0 when it never happened, so rates and alerts have a series)."""
     lines: list[str] = []
@@ -30,8 +31,6 @@ def render(stats: ContinuationStats, acked: int) -> str:
 
     for name, text in _COUNTERS:
         counter(name, text, [("", getattr(stats, name))])
-    counter("acked", "Handoffs a coordinator took (acknowledged, or remembered early).",
-            [("", acked)])
     refused = {reason.value: 0 for reason in Refusal} | dict(stats.refused)
     counter("refused", "Handed-back streams not migrated: they cannot be continued "
             "exactly, by reason.", [(f'{{reason="{r}"}}', n) for r, n in sorted(refused.items())])

@@ -83,6 +83,8 @@ class ContinuationStats:
     """Refused upstream attempts tried again."""
     tokens: int = 0
     """Tokens sent to clients."""
+    acked: int = 0
+    """Handoffs a coordinator took (acknowledged, or remembered early)."""
     refused: Counter[str] = field(default_factory=Counter)
     """Streams not migrated, by ``Refusal``."""
     failed: Counter[str] = field(default_factory=Counter)
@@ -107,7 +109,7 @@ class ContinuingClient:
         self.http = http or httpx.AsyncClient(
             timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        self.acks = HandoffAcks(coordinators, token=token)
+        self.acks = HandoffAcks(coordinators, token=token, on_taken=self._taken)
         self._upstream = Upstream(self.upstream, self.http, retry or RetryPolicy(),
                                   on_handed_back=self._acknowledge, on_retry=self._retried)
 
@@ -231,6 +233,9 @@ class ContinuingClient:
 
     def _retried(self) -> None:
         self.stats.upstream_retries += 1
+
+    def _taken(self, count: int) -> None:
+        self.stats.acked += count
 
     def _fail(self, request_id: str, reason: str, message: str) -> dict[str, Any]:
         self.stats.failed[reason] += 1

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from router_client.watch import Watcher
 
@@ -33,7 +33,8 @@ class HandoffAcks:
     """Acknowledges handoffs to ``coordinators`` in the background (nothing without any)."""
 
     def __init__(self, coordinators: Sequence[str], *, token: str | None = None,
-                 find_within_s: float = FIND_WITHIN_S) -> None:
+                 find_within_s: float = FIND_WITHIN_S,
+                 on_taken: Callable[[int], None] | None = None) -> None:
         urls = [c.rstrip("/") for c in coordinators]
         # The Watcher maps worker URLs to coordinators; here each coordinator stands for
         # the workers nobody named, and acks go by request id alone.
@@ -41,8 +42,9 @@ class HandoffAcks:
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.find_within_s = find_within_s
-        self.acked = 0
-        """Handoffs a coordinator took (``acked`` or ``early``)."""
+        self.on_taken = on_taken
+        """Told how many handoffs a coordinator took (``acked`` or ``early``) after each
+        acknowledgement."""
 
     def start(self) -> None:
         """Start watching (inside the running loop; again is a no-op)."""
@@ -79,7 +81,8 @@ class HandoffAcks:
         except Exception as exc:  # a background task: log, never crash the loop
             log.warning("acknowledging %s failed: %s", request_id, exc)
             return
-        self.acked += bool(taken)
+        if taken and self.on_taken is not None:
+            self.on_taken(len(taken))
 
     async def close(self) -> None:
         for task in list(self._tasks):
