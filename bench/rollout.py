@@ -41,6 +41,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import sys
 import tempfile
 import time
@@ -48,7 +49,15 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from bench.rollout_load import Received, Tally, TimedLoad, tally
+from bench.rollout_load import (
+    Received,
+    Tally,
+    handover_gaps,
+    percentile,
+    read_streams,
+    slow_gaps,
+    tally,
+)
 from bench.rollout_pods import Deletion, Deployment, Kube, Strategy
 from devstack.local_stack import LocalStack, Popen
 
@@ -64,6 +73,8 @@ BASELINE = "sleep-wait"
 ITL_TOLERANCE = 1.10
 """Goal: p99 inter-token latency during the rollout within 10 % of the steady state."""
 PROXY_START_TIMEOUT_S = 30.0
+LOAD_STOP_TIMEOUT_S = 60.0
+"""The load process ends once its streams in flight ended (a 2 s stream, or a continued one)."""
 
 
 @dataclass(frozen=True)
@@ -94,9 +105,9 @@ class Result:
     """First new pod started → last old pod's processes gone."""
     ready_s: float
     """First new pod started → last new pod Ready (where ``kubectl rollout status`` ends)."""
-    starting: list[float]
-    """Each new pod's start until Ready (seconds), which the strategies share: a coordinator
-    pod starts its coordinator before its engine."""
+    surges: list[tuple[float, float]]
+    """Each new pod's start and Ready (``time.monotonic()``): a coordinator pod starts its
+    coordinator before its engine, as a native sidecar does."""
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average when the strategy started and ended (other work
     on the same cores shows here)."""
@@ -117,7 +128,8 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
 
     1. ``params.pods`` pods behind a new smg (and the continuation proxy in front, for
        ``continuation``);
-    2. the load, ``warmup_s`` of it unmeasured, then ``steady_s`` of steady state;
+    2. the load (``bench/rollout_load.py``, a process of its own), ``warmup_s`` of it
+       unmeasured (the load process starting included), then ``steady_s`` of steady state;
     3. each old pod in turn: a new pod started and Ready, then the old one deleted (its end
        runs on while the next new pod starts);
     4. once every old pod is gone, the load stops; the streams in flight end;
@@ -134,31 +146,35 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
         url = deployment.router.url
         if strategy.continuation:
             url = await asyncio.to_thread(_start_proxy, stack, url, deployment)
-        load = TimedLoad(url, clients=params.clients, max_tokens=params.max_tokens,
-                         prefix=strategy.name)
-        clients = asyncio.create_task(load.run())
+        streams = workdir / "streams.json"
+        clients = stack.spawn([sys.executable, "-m", "bench.rollout_load", "--url", url,
+                               "--clients", str(params.clients), "--max-tokens",
+                               str(params.max_tokens), "--prefix", strategy.name,
+                               "--out", str(streams)], "load.log")
         await asyncio.sleep(params.warmup_s)
         steady_from = time.monotonic()
         await asyncio.sleep(params.steady_s)
         started = time.monotonic()
         ends: list[asyncio.Task[Deletion]] = []
-        starting: list[float] = []
+        surges: list[tuple[float, float]] = []
         for i, old in enumerate(list(deployment.pods)):
-            began = time.monotonic()
+            began = started if i == 0 else time.monotonic()  # one start for both filters
             await asyncio.to_thread(deployment.surge, f"new{i}")
-            starting.append(time.monotonic() - began)
+            surges.append((began, time.monotonic()))
             ends.append(asyncio.create_task(deployment.delete(old)))
         ready_s = time.monotonic() - started
         deletions = list(await asyncio.gather(*ends))
         rollout_s = time.monotonic() - started
-        load.stop()
-        sent = await clients
+        clients.send_signal(signal.SIGTERM)  # no new stream; those in flight end
+        if await asyncio.to_thread(clients.wait, LOAD_STOP_TIMEOUT_S) != 0:
+            raise RuntimeError(f"the load exited {clients.returncode}: see {workdir}/load.log")
+        sent = await asyncio.to_thread(read_streams, streams)
     finally:
         await stack.close()
     steady = [s for s in sent if s.sent_at >= steady_from and (s.ended_at or 0) <= started]
     during = [s for s in sent if (s.ended_at or 0) > started]
     requests = [r for pod in deployment.pods for r in pod.requests()]
-    return Result(strategy, tally(steady), tally(during), rollout_s, ready_s, starting,
+    return Result(strategy, tally(steady), tally(during), rollout_s, ready_s, surges,
                   (load_before, os.getloadavg()[0]), deletions, sent, requests)
 
 
@@ -238,14 +254,16 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
         out.append(f"{res.strategy.name}: " + "; ".join(marks))
         ends = [d for d in res.deletions if d.gone_at is not None]
         took = [d.gone_at - d.deleted_at for d in ends if d.gone_at is not None]
-        out.append(f"  new pods Ready after {res.ready_s:.1f} s (each {min(res.starting):.1f}-"
-                   f"{max(res.starting):.1f} s), the last old pod gone "
+        starting = [ready - began for began, ready in res.surges]
+        out.append(f"  new pods Ready after {res.ready_s:.1f} s (each {min(starting):.1f}-"
+                   f"{max(starting):.1f} s), the last old pod gone "
                    f"{res.rollout_s - res.ready_s:.1f} s later; old pods deleted → gone "
                    f"{min(took, default=0):.1f}-{max(took, default=0):.1f} s; engine exits "
                    f"{sorted({d.engine_exit for d in ends}, key=str)}; hook exits "
                    f"{sorted({d.hook_exit for d in ends}, key=str)}; SIGKILLed by the kubelet: "
                    f"{[k for d in ends for k in d.sigkilled] or 'none'}; load average "
                    f"{res.load_average[0]:.1f} → {res.load_average[1]:.1f}")
+        out += _latency_notes(res)
         for line in res.rollout.errors[:3]:
             out.append(f"  e.g. {line}")
         for note in sorted({n for d in ends for n in d.notes})[:3]:
@@ -255,11 +273,33 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
     return "\n".join(out)
 
 
+def _latency_notes(res: Result) -> list[str]:
+    """Where the rollout's slow inter-token gaps come from: new pods starting on the same
+    cores, and (with continuation) the stitch of each handed-back stream."""
+    notes = []
+    steady_p99 = res.steady.itl_ms[1]
+    if steady_p99 is not None:
+        during = [s for s in res.sent if (s.ended_at or 0) > res.surges[0][0]]
+        slow, inside = slow_gaps(during, steady_p99 * ITL_TOLERANCE, res.surges)
+        notes.append(f"  gaps over {steady_p99 * ITL_TOLERANCE:.1f} ms (steady p99 + 10%): "
+                     f"{slow} of {res.rollout.itl_samples}, {inside} of them while a new pod "
+                     f"was starting")
+    stitches = handover_gaps(res.sent, res.requests)
+    if stitches:
+        # A continuation smg still sent to the draining pod: handed back before any token.
+        refused = sum(r["how"] == "handed_back" and r["tokens"] == 0
+                      and not str(r["request_id"]).endswith(".0") for r in res.requests)
+        notes.append(f"  continued streams' stitch: {len(stitches)} gaps, p50 "
+                     f"{percentile(stitches, 50):.1f} ms, max {max(stitches):.1f} ms; "
+                     f"{refused} continuations sent back to the draining pod and retried")
+    return notes
+
+
 def _as_json(results: list[Result], params: Params, kube: Kube) -> dict[str, Any]:
     return {"params": asdict(params), "kube": asdict(kube), "cpus": os.cpu_count(),
             "results": [{"strategy": r.strategy.name, "steady": r.steady.as_dict(),
                          "rollout": r.rollout.as_dict(), "rollout_s": r.rollout_s,
-                         "ready_s": r.ready_s, "starting": r.starting,
+                         "ready_s": r.ready_s, "surges": r.surges,
                          "load_average": r.load_average,
                          "deletions": [asdict(d) for d in r.deletions]}
                         for r in results]}

@@ -1,5 +1,12 @@
 """The rollout benchmark's clients, and how what they received is counted.
 
+    python -m bench.rollout_load --url URL --clients N --max-tokens N --prefix P --out FILE
+
+runs the load in a process of its own until SIGTERM, then writes every stream to ``FILE``
+(JSON): the clients are apart from the benchmark's control plane (starting and deleting
+pods), whose work would otherwise delay the clients' reads and show as inter-token latency.
+``time.monotonic()`` is one clock for every process of the host.
+
 ``TimedLoad`` keeps ``clients`` streaming completions in flight through one URL (smg, or
 the continuation proxy in front of it), each client sending its next request as soon as
 its last one ended, and records every token's arrival (``time.monotonic``). ``tally``
@@ -23,12 +30,18 @@ received - matched.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import difflib
+import json
 import math
+import os
+import signal
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -197,3 +210,63 @@ def tally(streams: Sequence[Received]) -> Tally:
         itl_samples=len(itl),
         errors=bad[:5],
     )
+
+
+def slow_gaps(streams: Sequence[Received], threshold_ms: float,
+              windows: Sequence[tuple[float, float]]) -> tuple[int, int]:
+    """How many inter-token gaps exceed ``threshold_ms``, and how many of those overlap one
+    of ``windows`` (``time.monotonic()`` intervals: new pods starting, say)."""
+    slow = [(a, b) for s in streams for a, b in zip(s.times, s.times[1:], strict=False)
+            if (b - a) * 1000 > threshold_ms]
+    inside = sum(any(a < end and b > start for start, end in windows) for a, b in slow)
+    return len(slow), inside
+
+
+def handover_gaps(streams: Sequence[Received], requests: Sequence[dict[str, Any]]) -> list[float]:
+    """Milliseconds between the last token before each hand-back an engine logged and the
+    first token after it, in the client's stream (a continued stream's stitch). The
+    continuation proxy names its attempts ``ID.0``, ``ID.1``, ...; a stream not continued
+    has no token after its hand-back and adds nothing."""
+    by_id = {s.request_id: s for s in streams}
+    stitches: dict[tuple[str, int], float] = {}  # a retried continuation: one stitch
+    for record in requests:
+        stream = by_id.get(str(record["request_id"]).rsplit(".", 1)[0])
+        if record["how"] != "handed_back" or stream is None:
+            continue
+        after = [i for i, t in enumerate(stream.times) if t >= record["ended_at_monotonic"]]
+        if after and after[0] > 0:
+            i = after[0]
+            stitches[(stream.request_id, i)] = (stream.times[i] - stream.times[i - 1]) * 1000
+    return list(stitches.values())
+
+
+def read_streams(path: Path) -> list[Received]:
+    """The streams a load process wrote (``main``)."""
+    return [Received(**item) for item in json.loads(path.read_text())]
+
+
+async def _run_until_sigterm(load: TimedLoad, out: Path) -> None:
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, load.stop)
+    sent = await load.run()
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps([asdict(s) for s in sent]))
+    os.replace(tmp, out)  # the benchmark reads it whole or not at all
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.rollout_load",
+                                     description="Streams back to back until SIGTERM.")
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--max-tokens", type=int, required=True)
+    parser.add_argument("--prefix", required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    load = TimedLoad(args.url, clients=args.clients, max_tokens=args.max_tokens,
+                     prefix=args.prefix)
+    asyncio.run(_run_until_sigterm(load, args.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
