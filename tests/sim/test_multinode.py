@@ -23,17 +23,22 @@ import httpx
 import pytest
 
 from devstack.sim import expected_tokens
+from devstack.sim.errors import SimStartupError
 from devstack.sim.group.launcher import (
     LWS_GROUP_SIZE,
     LWS_LEADER_ADDRESS,
     LWS_WORKER_INDEX,
     GroupHandle,
+    GroupShape,
+    launch_pod,
     spawn_beside,
     start_group,
 )
-from devstack.sim.group.network import KIND_AUTO, KIND_LOOPBACK, KIND_NETNS
+from devstack.sim.group.network import KIND_AUTO, KIND_LOOPBACK, KIND_NETNS, make_network
 from devstack.sim.group.pod import EXIT_GROUP_BROKEN
 from devstack.sim.group.protocol import CAUSE_FINISHED, CAUSE_LEFT, CAUSE_TIMED_OUT
+from devstack.sim.records import read_records
+from devstack.sim.roles import EXIT_STARTUP_FAILED
 from tests.sim.support import read_events
 from tests.support.processes import ProcessJanitor
 
@@ -187,6 +192,29 @@ def test_a_sidecar_beside_a_pod_shares_its_network_and_environment(
     with socket.create_connection((pod.address, port), timeout=EXIT_TIMEOUT_S) as conn:
         assert conn.recv(16) == b"2"
     assert sidecar.wait(timeout=EXIT_TIMEOUT_S) == 0
+
+
+def test_a_group_missing_a_pod_never_comes_up_and_says_who_is_missing(
+    janitor: ProcessJanitor, tmp_path: Path,
+) -> None:
+    """1. Start pods 0 to 2 of a group of 4, with a 5 s startup bound; pod 3 never comes.
+    2. No pod comes up: rank 0 gives up waiting, and the others with it. 3. Every pod's
+    main process exits EXIT_STARTUP_FAILED, and rank 0's record names rank 3."""
+    network = make_network(WORLD)
+    try:
+        shape = GroupShape.on(network, WORLD)
+        launches = [launch_pod(janitor.spawn, tmp_path / f"pod-{place.index}", place, shape,
+                               schedulers=1, startup_timeout_s=5.0)
+                    for place in network.pods[:3]]
+        with pytest.raises(SimStartupError, match="exited with 2"):
+            launches[0].wait_ready()
+        codes = [launch.launch.proc.wait(timeout=EXIT_TIMEOUT_S) for launch in launches]
+        assert codes == [EXIT_STARTUP_FAILED] * 3
+        (rank_zero,) = [r for r in read_records(tmp_path / "pod-0") if r["rank"] == 0]
+        assert rank_zero["exit_code"] == EXIT_STARTUP_FAILED
+        assert "ranks [3] did not join" in rank_zero["detail"]
+    finally:
+        network.close()
 
 
 async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(

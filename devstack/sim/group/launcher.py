@@ -66,6 +66,13 @@ class GroupShape:
     dist_init_addr: str
     """``HOST:PORT`` of rank 0."""
 
+    @classmethod
+    def on(cls, network: GroupNetwork, size: int) -> GroupShape:
+        """A group of ``size`` pods on ``network``, rank 0 on the first pod's address."""
+        leader = network.pods[0].address
+        port = DIST_INIT_PORT if network.kind == KIND_NETNS else free_port(leader)
+        return cls(size, leader, f"{leader}:{port}")
+
     def lws_environment(self, index: int) -> dict[str, str]:
         return lws_environment(self.leader_address, self.size, index)
 
@@ -223,9 +230,7 @@ def start_group(
     """
     made = not isinstance(network, GroupNetwork)
     net = make_network(size, network) if isinstance(network, str) else network
-    leader = net.pods[0].address
-    port = DIST_INIT_PORT if net.kind == KIND_NETNS else free_port(leader)
-    shape = GroupShape(size, leader, f"{leader}:{port}")
+    shape = GroupShape.on(net, size)
     launches: list[PodLaunch] = []
     try:
         for place in net.pods[:size]:

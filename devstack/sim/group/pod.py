@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,10 @@ from devstack.sim.spawn import ChildSpec, StartedChild, spawn_children
 EXIT_GROUP_BROKEN = 6
 """A follower pod's main process: one of its ranks failed (so the group is broken)."""
 RANK_MODULE = "group.rank"
+RANK_STARTUP_SHARE = 0.8
+"""A rank gives up forming the group at this share of its pod's startup bound (counted from
+when the pod starts its ranks: the clock is the machine's), so that the rank, not its
+parent's SIGKILL at the full bound, says which ranks never joined."""
 
 
 def world_size(knobs: EngineKnobs) -> int:
@@ -53,7 +58,7 @@ def rank_specs(knobs: EngineKnobs, record_dir: Path) -> list[ChildSpec]:
         "--node-rank", str(knobs.node_rank),
         "--dist-init-addr", knobs.dist_init_addr,
         "--collective-timeout-s", str(knobs.collective_timeout_s),
-        "--startup-timeout-s", str(knobs.startup_timeout_s),
+        "--startup-deadline", str(time.monotonic() + knobs.startup_timeout_s * RANK_STARTUP_SHARE),
     ]  # fmt: skip
     if knobs.coordinator:
         group += ["--coordinator", knobs.coordinator,

@@ -58,7 +58,8 @@ class Rank(ChildProcess):
         parser.add_argument("--node-rank", type=int, required=True)
         parser.add_argument("--dist-init-addr", required=True, metavar="HOST:PORT")
         parser.add_argument("--collective-timeout-s", type=float, default=30.0)
-        parser.add_argument("--startup-timeout-s", type=float, default=60.0)
+        parser.add_argument("--startup-deadline", type=float, required=True,
+                            help="time.monotonic() by which the group must be formed")
         parser.add_argument("--coordinator", default="")
         parser.add_argument("--coordinator-token-file", default="")
 
@@ -68,7 +69,7 @@ class Rank(ChildProcess):
         self.record.update(node_rank=args.node_rank, world_size=args.world_size, steps=0,
                            cause=None, hung=None)
         place = Place(self.rank or 0, args.world_size, args.collective_timeout_s)
-        deadline = time.monotonic() + args.startup_timeout_s
+        deadline = args.startup_deadline
         try:
             if place.rank == 0:
                 root = Root(place, self.record, self.latch, listen(args.dist_init_addr))
