@@ -47,6 +47,10 @@ EXIT_TIMEOUT_S = 60.0
 """Bounds a failing test only: each wait below is for an event."""
 WORLD = 4
 """A leader and 3 followers, one rank each."""
+SHORT_TIMEOUT_S = 2.0
+"""The collective timeout of tests that break the group: how long the others hang before
+they abort. Short, so the test is; long enough that a healthy step on a loaded 2-core
+machine never reaches it."""
 
 
 @pytest.fixture
@@ -264,7 +268,7 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
     rank 2 as the one it waited for. 5. The leader's watchdog takes the front end down with
     rank 0 (-9); the other followers exit EXIT_GROUP_BROKEN; rank 2's pod exits 0 only if
     rank 2 itself did."""
-    group = start_sim_group(collective_timeout_s=1.0, graceful_main=victim == "main")
+    group = start_sim_group(collective_timeout_s=SHORT_TIMEOUT_S, graceful_main=victim == "main")
     target = group.ranks()[2] if victim == "rank" else group.pods[2].pid
     cut: BaseException | None = None
     tokens: list[str] = []
@@ -312,7 +316,7 @@ async def test_a_follower_rank_that_stops_answering_makes_the_others_time_out(
     abort with "collective timed out", rank 0 waiting for rank 3 with no answer (nothing
     closed: only the timeout tells). 4. SIGCONT rank 3: it finds rank 0 gone mid-step, hangs
     and aborts the same way; its pod exits EXIT_GROUP_BROKEN like the others."""
-    group = start_sim_group(collective_timeout_s=1.0)
+    group = start_sim_group(collective_timeout_s=SHORT_TIMEOUT_S)
     silent = group.ranks()[3]
     async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
 

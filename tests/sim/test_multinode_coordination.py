@@ -20,6 +20,7 @@ from tests.service.servers import FAST, Running, start_coordinator
 from tests.sim.support import read_events
 from tests.sim.test_multinode import (  # noqa: F401 (a fixture)
     EXIT_TIMEOUT_S,
+    SHORT_TIMEOUT_S,
     WORLD,
     StartGroup,
     _assert_nothing_left,
@@ -50,7 +51,7 @@ async def test_a_drain_of_one_follower_pod_alone_is_clean_there_and_breaks_the_g
     abort ("collective timed out"), the other pods exit non-zero."""
     coordinators = [start_coordinator(janitor, tmp_path, *FAST, name=f"coordinator-{i}")
                     for i in range(WORLD)]
-    group = start_sim_group(network=KIND_LOOPBACK, collective_timeout_s=1.0,
+    group = start_sim_group(network=KIND_LOOPBACK, collective_timeout_s=SHORT_TIMEOUT_S,
                             coordinators=[c.url for c in coordinators])
     assert group.network.kind == KIND_LOOPBACK
     for pod, coordinator in zip(group.pods, coordinators, strict=True):
