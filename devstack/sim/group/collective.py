@@ -61,7 +61,8 @@ class Collective:
         self.latch = latch
         self.steps = 0
         self.finished = False
-        """The group finished (rank 0 said so, or rank 0 said so to everyone): stop serving."""
+        """The group finished (rank 0 told this rank so, or, on rank 0, it told them all):
+        the rank stops serving and runs its cleanup."""
         self._written_at = 0.0
 
     def fds(self) -> dict[int, Callable[[], None]]:
