@@ -1,9 +1,10 @@
 """Schemas for the custom resources the manifests use; kubernetes-validate only knows the
 built-in kinds.
 
-Only the Prometheus Operator's ServiceMonitor is used. This is the subset of its
-``monitoring.coreos.com/v1`` schema that the manifests may touch, strict like
-kubernetes-validate's strict mode: an unknown or misspelled field is an error.
+Two are used: the Prometheus Operator's ServiceMonitor (``components/servicemonitor``) and
+the LeaderWorkerSet (``lws/``). Each is the subset of its CRD's schema that the manifests may
+touch, strict like kubernetes-validate's strict mode: an unknown or misspelled field is an
+error.
 """
 
 from __future__ import annotations
@@ -114,8 +115,112 @@ SERVICE_MONITOR_V1: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+# LeaderWorkerSet, leaderworkerset.x-k8s.io/v1, written from kubernetes-sigs/lws at 060ab4da:
+# the CRD (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml), its Go types
+# (api/leaderworkerset/v1/leaderworkerset_types.go) and the webhook's rules that the CRD does
+# not state (pkg/webhooks/leaderworkerset_webhook.go: the name is a DNS-1035 label because it
+# names the group's headless Service, size >= 1, partition >= 0, percentages at most 100 %).
+# The pod templates are kept to their outline here: the tests validate each one as a core
+# PodTemplateSpec with kubernetes-validate, for every supported Kubernetes version.
+LEADER_WORKER_SET_GROUP = "leaderworkerset.x-k8s.io/"
+
+_INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
+_COUNT_OR_PERCENT = {
+    "anyOf": [
+        {"type": "integer", "minimum": 0},
+        {"type": "string", "pattern": r"^(100|[1-9]?[0-9])%$"},
+    ]
+}
+_POD_TEMPLATE = {
+    "type": "object",
+    "properties": {
+        "metadata": {
+            "type": "object",
+            "properties": {"labels": _STRINGS, "annotations": _STRINGS},
+            "additionalProperties": False,
+        },
+        "spec": {"type": "object", "required": ["containers"]},
+    },
+    "additionalProperties": False,
+}
+LEADER_WORKER_SET_V1: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
+        "kind": {"const": "LeaderWorkerSet"},
+        "metadata": {
+            "type": "object",
+            "properties": {
+                "name": {
+                    "type": "string",
+                    "maxLength": 63,
+                    "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
+                },
+                "namespace": {"type": "string"},
+                "labels": _STRINGS,
+                "annotations": _STRINGS,
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        "spec": {
+            "type": "object",
+            "properties": {
+                "replicas": {**_INT32, "minimum": 0, "maximum": 1_000_000},
+                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+                "rolloutStrategy": {
+                    "type": "object",
+                    "properties": {
+                        "type": {"enum": ["RollingUpdate"]},
+                        "rollingUpdateConfiguration": {
+                            "type": "object",
+                            "properties": {
+                                "partition": {**_INT32, "minimum": 0},
+                                "maxUnavailable": _COUNT_OR_PERCENT,
+                                "maxSurge": _COUNT_OR_PERCENT,
+                            },
+                            "additionalProperties": False,
+                        },
+                    },
+                    "required": ["type"],
+                    "additionalProperties": False,
+                },
+                "networkConfig": {
+                    "type": "object",
+                    "properties": {"subdomainPolicy": {"enum": ["Shared", "UniquePerReplica"]}},
+                    "required": ["subdomainPolicy"],
+                    "additionalProperties": False,
+                },
+                "leaderWorkerTemplate": {
+                    "type": "object",
+                    "properties": {
+                        "size": {**_INT32, "minimum": 1},
+                        "restartPolicy": {
+                            "enum": [
+                                "Default",
+                                "RecreateGroupOnPodRestart",
+                                "RecreateGroupAfterStart",
+                                "None",
+                            ]
+                        },
+                        "leaderTemplate": _POD_TEMPLATE,
+                        "workerTemplate": _POD_TEMPLATE,
+                    },
+                    "required": ["workerTemplate"],
+                    "additionalProperties": False,
+                },
+            },
+            "required": ["leaderWorkerTemplate"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+}
+
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_V1,
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): LEADER_WORKER_SET_V1,
 }
 
 

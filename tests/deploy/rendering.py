@@ -99,6 +99,11 @@ def render(root: Path, variant: Variant) -> list[dict[str, Any]]:
         directory = root / "variants" / variant.name
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "kustomization.yaml").write_text(kustomization_for(variant))
+    return kustomize(directory)
+
+
+def kustomize(directory: Path) -> list[dict[str, Any]]:
+    """``kubectl kustomize`` of one directory, parsed."""
     binary = kubectl()
     assert binary is not None
     done = subprocess.run(
