@@ -25,6 +25,8 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
+from coordinator.drain import budget
+from coordinator.group.budget import group_budget
 from coordinator.group.membership import Membership, membership
 from coordinator.settings import ENV_PREFIX, Settings
 from tests.deploy import crd_schemas
@@ -33,6 +35,7 @@ from tests.deploy.rendering import (
     COORDINATOR,
     ENGINE,
     NATIVE_SIDECAR_VERSIONS,
+    REPO,
     Rendered,
     Variant,
     kubectl,
@@ -455,3 +458,26 @@ def test_followers_resolve_to_their_leader(docs_size_4: Docs) -> None:
         (0, 4, True), (1, 4, False), (2, 4, False), (3, 4, False)]
     leader = "http://inference-engine-group-0.inference-engine-group.inference:8787"
     assert [m.leader_url for m in found if m] == ["", leader, leader, leader]
+
+
+def test_documented_group_budget_matches_the_overlay(docs: Docs) -> None:
+    """1. Take the overlay's grace period, safety margin and min-drain as rendered.
+    2. Split the budget with the coordinator's own arithmetic: the followers' kill, the
+       leader's drain (coordinator.group.budget), its migration and kill
+       (coordinator.drain.budget), at the coordinator's defaults.
+    3. docs/lws.md's budget table shows exactly those numbers."""
+    settings = as_deployment(docs, "leader").settings
+    with mock.patch.dict(os.environ, {}, clear=True):
+        defaults = Settings()
+    grace = float(settings["SHUTDOWN_COORDINATOR_GRACE_PERIOD_S"])
+    margin = float(settings["SHUTDOWN_COORDINATOR_SAFETY_MARGIN_S"])
+    group = group_budget(budget.total_budget(grace, margin), confirm_s=defaults.confirm_s,
+                         follower_share=defaults.group_follower_share)
+    leader = budget.split_budget(
+        group.leader_s, tier_timeout_s=defaults.tier_timeout_s, confirm_s=defaults.confirm_s,
+        min_drain_s=float(settings["SHUTDOWN_COORDINATOR_MIN_DRAIN_S"]))
+    numbers = [grace, margin, group.total_s, group.follower_kill_s, group.leader_s,
+               leader.migration_s, leader.termination_s, leader.min_drain_s]
+    row = "| lws | " + " | ".join(f"{n:g}" for n in numbers) + " |"
+    doc = (REPO / "docs" / "lws.md").read_text()
+    assert row in doc.splitlines(), row
