@@ -283,9 +283,10 @@ def _latency_notes(res: Result) -> list[str]:
     if steady_p99 is not None:
         during = [s for s in res.sent if (s.ended_at or 0) > res.surges[0][0]]
         slow, inside = slow_gaps(during, steady_p99 * ITL_TOLERANCE, res.surges)
+        starting = sum(ready - began for began, ready in res.surges) / res.rollout_s
         notes.append(f"  gaps over {steady_p99 * ITL_TOLERANCE:.1f} ms (steady p99 + 10%): "
                      f"{slow} of {res.rollout.itl_samples}, {inside} of them while a new pod "
-                     f"was starting")
+                     f"was starting (new pods were starting {starting:.0%} of the rollout)")
     stitches = handover_gaps(res.sent, res.requests)
     if stitches:
         # A continuation smg still sent to the draining pod: handed back before any token.
