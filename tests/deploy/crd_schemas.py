@@ -19,6 +19,35 @@ _DURATION = (
     r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
 )
 _STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+
+
+def _resource(api_version: str, kind: str, name: dict[str, Any],
+              spec: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced custom resource's schema: its apiVersion and kind, the metadata the
+    manifests write (``name`` by the given schema), and ``spec``."""
+    return {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": {
+                "type": "object",
+                "properties": {
+                    "name": name,
+                    "namespace": {"type": "string"},
+                    "labels": _STRINGS,
+                    "annotations": _STRINGS,
+                },
+                "required": ["name"],
+                "additionalProperties": False,
+            },
+            "spec": spec,
+        },
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "additionalProperties": False,
+    }
+
+
 _SECRET_KEY = {
     "type": "object",
     "properties": {
@@ -73,47 +102,30 @@ _ENDPOINT = {
     },
     "additionalProperties": False,
 }
-SERVICE_MONITOR_V1: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "apiVersion": {"const": "monitoring.coreos.com/v1"},
-        "kind": {"const": "ServiceMonitor"},
-        "metadata": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string", "minLength": 1},
-                "namespace": {"type": "string"},
-                "labels": _STRINGS,
-                "annotations": _STRINGS,
-            },
-            "required": ["name"],
-            "additionalProperties": False,
-        },
-        "spec": {
-            "type": "object",
-            "properties": {
-                "selector": _LABEL_SELECTOR,
-                "namespaceSelector": {
-                    "type": "object",
-                    "properties": {
-                        "any": {"type": "boolean"},
-                        "matchNames": {"type": "array", "items": {"type": "string"}},
-                    },
-                    "additionalProperties": False,
+SERVICE_MONITOR_V1 = _resource(
+    "monitoring.coreos.com/v1", "ServiceMonitor", {"type": "string", "minLength": 1},
+    {
+        "type": "object",
+        "properties": {
+            "selector": _LABEL_SELECTOR,
+            "namespaceSelector": {
+                "type": "object",
+                "properties": {
+                    "any": {"type": "boolean"},
+                    "matchNames": {"type": "array", "items": {"type": "string"}},
                 },
-                "endpoints": {"type": "array", "items": _ENDPOINT},
-                "jobLabel": {"type": "string"},
-                "targetLabels": {"type": "array", "items": {"type": "string"}},
-                "podTargetLabels": {"type": "array", "items": {"type": "string"}},
-                "sampleLimit": {"type": "integer", "minimum": 0},
+                "additionalProperties": False,
             },
-            "required": ["selector"],
-            "additionalProperties": False,
+            "endpoints": {"type": "array", "items": _ENDPOINT},
+            "jobLabel": {"type": "string"},
+            "targetLabels": {"type": "array", "items": {"type": "string"}},
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+            "sampleLimit": {"type": "integer", "minimum": 0},
         },
+        "required": ["selector"],
+        "additionalProperties": False,
     },
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-}
+)
 
 # LeaderWorkerSet, leaderworkerset.x-k8s.io/v1, written from kubernetes-sigs/lws at 060ab4da:
 # the CRD (config/crd/bases/leaderworkerset.x-k8s.io_leaderworkersets.yaml), its Go types
@@ -122,7 +134,6 @@ SERVICE_MONITOR_V1: dict[str, Any] = {
 # names the group's headless Service, size >= 1, partition >= 0, percentages at most 100 %).
 # The pod templates are kept to their outline here: the tests validate each one as a core
 # PodTemplateSpec with kubernetes-validate, for every supported Kubernetes version.
-LEADER_WORKER_SET_GROUP = "leaderworkerset.x-k8s.io/"
 
 _INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
 _COUNT_OR_PERCENT = {
@@ -143,80 +154,60 @@ _POD_TEMPLATE = {
     },
     "additionalProperties": False,
 }
-LEADER_WORKER_SET_V1: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "apiVersion": {"const": "leaderworkerset.x-k8s.io/v1"},
-        "kind": {"const": "LeaderWorkerSet"},
-        "metadata": {
-            "type": "object",
-            "properties": {
-                "name": {
-                    "type": "string",
-                    "maxLength": 63,
-                    "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$",
-                },
-                "namespace": {"type": "string"},
-                "labels": _STRINGS,
-                "annotations": _STRINGS,
-            },
-            "required": ["name"],
-            "additionalProperties": False,
-        },
-        "spec": {
-            "type": "object",
-            "properties": {
-                "replicas": {**_INT32, "minimum": 0, "maximum": 1_000_000},
-                "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
-                "rolloutStrategy": {
-                    "type": "object",
-                    "properties": {
-                        "type": {"enum": ["RollingUpdate"]},
-                        "rollingUpdateConfiguration": {
-                            "type": "object",
-                            "properties": {
-                                "partition": {**_INT32, "minimum": 0},
-                                "maxUnavailable": _COUNT_OR_PERCENT,
-                                "maxSurge": _COUNT_OR_PERCENT,
-                            },
-                            "additionalProperties": False,
+LEADER_WORKER_SET_V1 = _resource(
+    "leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet",
+    {"type": "string", "maxLength": 63, "pattern": r"^[a-z]([-a-z0-9]*[a-z0-9])?$"},
+    {
+        "type": "object",
+        "properties": {
+            "replicas": {**_INT32, "minimum": 0, "maximum": 1_000_000},
+            "startupPolicy": {"enum": ["LeaderCreated", "LeaderReady"]},
+            "rolloutStrategy": {
+                "type": "object",
+                "properties": {
+                    "type": {"enum": ["RollingUpdate"]},
+                    "rollingUpdateConfiguration": {
+                        "type": "object",
+                        "properties": {
+                            "partition": {**_INT32, "minimum": 0},
+                            "maxUnavailable": _COUNT_OR_PERCENT,
+                            "maxSurge": _COUNT_OR_PERCENT,
                         },
+                        "additionalProperties": False,
                     },
-                    "required": ["type"],
-                    "additionalProperties": False,
                 },
-                "networkConfig": {
-                    "type": "object",
-                    "properties": {"subdomainPolicy": {"enum": ["Shared", "UniquePerReplica"]}},
-                    "required": ["subdomainPolicy"],
-                    "additionalProperties": False,
-                },
-                "leaderWorkerTemplate": {
-                    "type": "object",
-                    "properties": {
-                        "size": {**_INT32, "minimum": 1},
-                        "restartPolicy": {
-                            "enum": [
-                                "Default",
-                                "RecreateGroupOnPodRestart",
-                                "RecreateGroupAfterStart",
-                                "None",
-                            ]
-                        },
-                        "leaderTemplate": _POD_TEMPLATE,
-                        "workerTemplate": _POD_TEMPLATE,
-                    },
-                    "required": ["workerTemplate"],
-                    "additionalProperties": False,
-                },
+                "required": ["type"],
+                "additionalProperties": False,
             },
-            "required": ["leaderWorkerTemplate"],
-            "additionalProperties": False,
+            "networkConfig": {
+                "type": "object",
+                "properties": {"subdomainPolicy": {"enum": ["Shared", "UniquePerReplica"]}},
+                "required": ["subdomainPolicy"],
+                "additionalProperties": False,
+            },
+            "leaderWorkerTemplate": {
+                "type": "object",
+                "properties": {
+                    "size": {**_INT32, "minimum": 1},
+                    "restartPolicy": {
+                        "enum": [
+                            "Default",
+                            "RecreateGroupOnPodRestart",
+                            "RecreateGroupAfterStart",
+                            "None",
+                        ]
+                    },
+                    "leaderTemplate": _POD_TEMPLATE,
+                    "workerTemplate": _POD_TEMPLATE,
+                },
+                "required": ["workerTemplate"],
+                "additionalProperties": False,
+            },
         },
+        "required": ["leaderWorkerTemplate"],
+        "additionalProperties": False,
     },
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "additionalProperties": False,
-}
+)
 
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): SERVICE_MONITOR_V1,
