@@ -9,7 +9,7 @@ pods), whose work would otherwise delay the clients' reads and show as inter-tok
 
 ``TimedLoad`` keeps ``clients`` streaming completions in flight through one URL (smg, or
 the continuation proxy in front of it), each client sending its next request as soon as
-its last one ended, and records every token's arrival (``time.monotonic``). ``tally``
+its last one ended (``devstack.routers.RouterLoad``), and records every token's arrival. ``tally``
 turns the streams into the table's numbers, held against the engine's deterministic tokens
 (``expected_tokens(prompt, n)``): the client's stitched text, token by token.
 
@@ -46,8 +46,8 @@ from typing import Any
 
 import httpx
 
+from devstack.routers import RouterLoad, SentStream
 from devstack.sim.tokens import expected_tokens
-from router_client import sse
 
 
 @dataclass
@@ -95,69 +95,42 @@ class Received:
         return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
 
 
-class TimedLoad:
-    """``clients`` streams at a time through ``url``, back to back, until ``stop()``.
+class _Arrivals(list[str]):
+    """A stream's chunk texts, each noting when it arrived (``time.monotonic()``)."""
 
-    Request ``i`` is ``X-Request-Id: {prefix}-{i}`` with a prompt of its own, so the engines'
-    request logs say which engine took which request."""
+    def __init__(self) -> None:
+        super().__init__()
+        self.times: list[float] = []
 
-    def __init__(self, url: str, *, clients: int, max_tokens: int, prefix: str,
-                 timeout_s: float = 60.0) -> None:
-        self.url = url
-        self.clients = clients
-        self.max_tokens = max_tokens
-        self.prefix = prefix
-        self.timeout_s = timeout_s
-        self.sent: list[Received] = []
-        self._stopping = asyncio.Event()
+    def append(self, text: str) -> None:
+        self.times.append(time.monotonic())
+        super().append(text)
 
-    def stop(self) -> None:
-        """Send nothing new; ``run`` returns once the streams in flight ended."""
-        self._stopping.set()
 
-    async def run(self) -> list[Received]:
-        limits = httpx.Limits(max_connections=self.clients + 4)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s),
-                                     limits=limits) as http:
-            await asyncio.gather(*(self._client(http) for _ in range(self.clients)))
-        return self.sent
+class TimedLoad(RouterLoad):
+    """``devstack.routers.RouterLoad`` (``clients`` streams at a time through ``url``, back to
+    back, until ``stop()``; request ``i`` is ``X-Request-Id: {prefix}-{i}`` with a prompt of
+    its own), with each request's send and every chunk's arrival timed: ``received``."""
 
-    async def _client(self, http: httpx.AsyncClient) -> None:
-        while not self._stopping.is_set():
-            i = len(self.sent)
-            stream = Received(f"{self.prefix}-{i}", f"{self.prefix} prompt {i}: roll over",
-                              self.max_tokens, time.monotonic())
-            self.sent.append(stream)
-            await self._one(http, stream)
-            stream.ended_at = time.monotonic()
+    def __init__(self, url: str, *, clients: int, max_tokens: int, prefix: str) -> None:
+        super().__init__(url, clients=clients, max_tokens=max_tokens, prefix=prefix)
+        self.received: list[Received] = []
 
-    async def _one(self, http: httpx.AsyncClient, stream: Received) -> None:
-        body = {"model": "sim", "prompt": stream.prompt, "max_tokens": stream.max_tokens,
-                "stream": True}
+    async def _one(self, http: httpx.AsyncClient, stream: SentStream) -> None:
+        arrivals = _Arrivals()
+        stream.tokens = arrivals
+        sent_at = time.monotonic()
         try:
-            async with http.stream("POST", f"{self.url}/v1/completions", json=body,
-                                   headers={"X-Request-Id": stream.request_id}) as response:
-                if response.status_code != 200:
-                    text = (await response.aread()).decode(errors="replace")[:200]
-                    stream.end, stream.error = "error", f"HTTP {response.status_code}: {text}"
-                    return
-                async for event in sse.events(response.aiter_lines()):
-                    if event == sse.DONE:
-                        stream.end = "done"
-                        return
-                    if not isinstance(event, dict) or "error" in event:
-                        stream.end, stream.error = "error", str(event)[:200]
-                        return
-                    if event.get("handed_back"):
-                        stream.end, stream.error = "handed_back", str(event)[:200]
-                        return
-                    text = sse.chunk_text(event)
-                    if text:
-                        stream.texts.append(text)
-                        stream.times.append(time.monotonic())
-            stream.end, stream.error = "error", "the stream ended without [DONE]"
-        except httpx.HTTPError as exc:
-            stream.end, stream.error = "error", repr(exc)[:200]
+            await super()._one(http, stream)
+        finally:
+            # Chunks without text (a role-only first chunk, say) are no tokens.
+            kept = [(text, at) for text, at in zip(arrivals, arrivals.times, strict=True)
+                    if text]
+            why = stream.error or (str(stream.handed_back) if stream.handed_back else None)
+            self.received.append(Received(
+                stream.request_id, stream.prompt, stream.max_tokens, sent_at,
+                [text for text, _ in kept], [at for _, at in kept], stream.end or "error",
+                why, time.monotonic()))
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -247,9 +220,9 @@ def read_streams(path: Path) -> list[Received]:
 
 async def _run_until_sigterm(load: TimedLoad, out: Path) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, load.stop)
-    sent = await load.run()
+    await load.run()
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps([asdict(s) for s in sent]))
+    tmp.write_text(json.dumps([asdict(s) for s in load.received]))
     os.replace(tmp, out)  # the benchmark reads it whole or not at all
 
 
