@@ -141,6 +141,7 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
     await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
     load_before = os.getloadavg()[0]
     stack = LocalStack(workdir, popen)
+    ends: list[asyncio.Task[Deletion]] = []
     try:
         deployment = Deployment(stack, strategy, kube, token_interval_ms=params.token_interval_ms)
         await asyncio.to_thread(deployment.start, params.pods)
@@ -156,7 +157,6 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
         steady_from = time.monotonic()
         await asyncio.sleep(params.steady_s)
         started = time.monotonic()
-        ends: list[asyncio.Task[Deletion]] = []
         surges: list[tuple[float, float]] = []
         for i, old in enumerate(list(deployment.pods)):
             began = started if i == 0 else time.monotonic()  # one start for both filters
@@ -171,6 +171,9 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
             raise RuntimeError(f"the load exited {clients.returncode}: see {workdir}/load.log")
         sent = await asyncio.to_thread(read_streams, streams)
     finally:
+        for end in ends:  # a failed rollout: its deletions stop (their hooks are killed)
+            end.cancel()
+        await asyncio.gather(*ends, return_exceptions=True)
         await stack.close()
     steady = [s for s in sent if s.sent_at >= steady_from and (s.ended_at or 0) <= started]
     during = [s for s in sent if (s.ended_at or 0) > started]

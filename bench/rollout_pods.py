@@ -256,6 +256,10 @@ class Deployment:
             await hook.wait()
             gone.notes.append("the preStop hook outlived the grace period")
             return -signal.SIGKILL
+        except asyncio.CancelledError:  # the benchmark is failing: leave no hook behind
+            if hook.returncode is None:
+                hook.kill()
+            raise
         if hook.returncode:
             gone.notes.append(f"hook exit {hook.returncode}: {out.decode(errors='replace')}"
                               [:300])
