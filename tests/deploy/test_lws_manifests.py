@@ -259,7 +259,8 @@ def check_engine_ranks(docs: Docs) -> None:
         assert not [a for a in argv if "$(" in a], f"unexpanded: {argv}"
         found = coordinator_membership(docs, pod)
         assert found is not None
-        leader_host = pods[0]["spec"]["containers"][0]["env"][0]["value"]
+        _, leader_env = container_env(pods[0], ENGINE, _config_maps(docs))
+        leader_host = leader_env["LWS_LEADER_ADDRESS"]
         expected = {f"--nnodes={len(pods)}", f"--node-rank={found.index}",
                     f"--dist-init-addr={leader_host}:{DIST_INIT_PORT}"}
         assert expected <= set(argv), f"pod {index}: {argv}"
