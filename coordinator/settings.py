@@ -9,6 +9,7 @@ line (regular expressions may hold commas).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -16,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from coordinator.engines import PROFILES, EngineName
+from coordinator.group.membership import membership
 from coordinator.kill import patterns
 from coordinator.kill.policy import TierSpec
 from coordinator.router_settings import RouterSpec, http_url, parse_router
@@ -138,6 +140,32 @@ class Settings(BaseSettings):
     """Hardening: only register or adopt processes descending from this PID (or the PID
     itself). Unset: any process the coordinator may see, except the refused ones."""
 
+    group_leader: str | None = Field(None, max_length=2048)
+    """The group's leader's coordinator (``http://HOST:PORT``), for a follower pod of an
+    engine that spans pods. Unset: from ``LWS_LEADER_ADDRESS`` (a LeaderWorkerSet's pods get
+    it) on this coordinator's ``port``. A coordinator in no group (no group setting, no LWS
+    variable) drains its pod alone. See docs/group.md."""
+    group_size: int | None = Field(None, ge=1, le=1024)
+    """Pods in the group, the leader included. Unset: ``LWS_GROUP_SIZE``. 1: no group."""
+    group_index: int | None = Field(None, ge=0, le=1023)
+    """This pod's index in its group, 0 for the leader. Unset: ``LWS_WORKER_INDEX``."""
+    group_url: str | None = Field(None, max_length=2048)
+    """How the group's other coordinators reach this one (announced to the leader, shown in
+    its ``/status``; informational). Unset: not announced."""
+    group_leader_timeout_s: float = Field(10.0, gt=0, le=3_600)
+    """Seconds a follower whose drain has begun waits for an unreachable leader before it
+    drains its pod on its own (and says so in its summary). 10 s: several of the leader's
+    long-poll answers and connection attempts, well inside a 30 s grace period."""
+    group_follower_share: float = Field(0.25, gt=0, lt=0.5)
+    """Fraction of the budget the followers' kills keep after the leader's engine stopped
+    (at least the SIGKILL confirmation and 1 s; at most half): the leader's drain gets the
+    rest. Default 0.25: a 25 s budget leaves the leader 18.75 s."""
+    group_engine_first: bool = True
+    """On the group's leader, signal the engine's main processes (registered workers of
+    role ``worker`` and adopted roots) first, in a tier of their own: a multi-node engine's
+    front end stops issuing steps and stops its ranks in an order its collectives survive.
+    Off: the usual children-first order."""
+
     state_file: Path | None = None
     """Where the drain's state is persisted (atomically) so a restarted coordinator resumes
     it. Unset: nothing is persisted."""
@@ -203,6 +231,11 @@ class Settings(BaseSettings):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
         return value
 
+    @field_validator("group_leader", "group_url")
+    @classmethod
+    def _group_url(cls, value: str | None) -> str | None:
+        return http_url(value) if value is not None else None
+
     @field_validator("router_worker_url")
     @classmethod
     def _worker_url(cls, value: str | None) -> str | None:
@@ -246,6 +279,13 @@ class Settings(BaseSettings):
             self.engine_metrics_url = profile.metrics_url
         if "engine_inflight_metrics" not in given and profile.inflight_metrics:
             self.engine_inflight_metrics = list(profile.inflight_metrics)
+        return self
+
+    @model_validator(mode="after")
+    def _group(self) -> Settings:
+        """The group settings and the LeaderWorkerSet environment must make a group, or
+        none (``coordinator.group.membership``)."""
+        membership(self, os.environ)
         return self
 
     @field_validator("log_level")

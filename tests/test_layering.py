@@ -7,6 +7,10 @@
     devstack         the demo stack (simulated engine, local pods, load, reference router,
                      demo): may import all three, and is imported by none of them
 
+Inside the coordinator: ``coordinator.group`` (the group drain) imports ``drain/`` and
+``kill/`` but never ``service/`` nor the web framework (``service/`` wires it to HTTP), and
+``drain/`` never imports ``group/`` (the controller knows groups only through its ports).
+
 ruff's banned-api rule says the same at lint time (pyproject.toml, coordinator/ruff.toml);
 this test also sees imports inside functions and modules named in ``import_module`` calls and
 ``python -m`` argv, and it imports every module of both clients (and of the wire module they
@@ -156,3 +160,26 @@ def test_every_client_module_imports_without_the_service(module: str) -> None:
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.splitlines()[-1])
     assert seen == {"tried": [], "loaded": []}, seen
+
+
+GROUP = "coordinator.group"
+GROUP_BANNED = ("coordinator.service", "fastapi", "starlette", "uvicorn")
+"""What the group drain's package may not import: the service wires it to HTTP."""
+
+
+def _inner_violations(package: str, banned: tuple[str, ...]) -> list[str]:
+    found = []
+    for module, path in _modules(package.replace(".", "/")).items():
+        for line, name in _imported_names(module, path):
+            if any(name == b or name.startswith(b + ".") for b in banned):
+                found.append(f"{path.relative_to(ROOT)}:{line}: imports {name}")
+    return found
+
+
+def test_the_group_drain_stays_below_the_service() -> None:
+    """1. Parse every module of coordinator.group: none imports coordinator.service, FastAPI,
+    Starlette or uvicorn. 2. Parse every module of coordinator.drain: none imports
+    coordinator.group."""
+    assert _modules("coordinator/group"), "coordinator/group has no modules"
+    assert not _inner_violations(GROUP, GROUP_BANNED)
+    assert not _inner_violations("coordinator.drain", (GROUP,))

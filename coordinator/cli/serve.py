@@ -51,6 +51,19 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
      "file holding smg's control-plane key (sent as Authorization: Bearer)"),
     ("--confine-to-pid", "confine_to_pid", int,
      "only register or adopt processes descending from this PID"),
+    ("--group-leader", "group_leader", str,
+     "the group leader's coordinator URL, on a follower pod (default: from LWS_LEADER_ADDRESS)"),
+    ("--group-size", "group_size", int,
+     "pods in the group, the leader included (default: LWS_GROUP_SIZE)"),
+    ("--group-index", "group_index", int,
+     "this pod's index in its group, 0 for the leader (default: LWS_WORKER_INDEX)"),
+    ("--group-url", "group_url", str, "how the group's other coordinators reach this one"),
+    ("--group-leader-timeout", "group_leader_timeout_s", float,
+     "seconds a draining follower waits for an unreachable leader before draining alone "
+     "(default 10)"),
+    ("--group-follower-share", "group_follower_share", float,
+     "fraction of the budget the followers' kills keep after the leader's engine stopped "
+     "(default 0.25)"),
     ("--long-poll-cap", "long_poll_cap_s", float, "cap on /status?wait=S (default 30)"),
     ("--max-body-bytes", "max_body_bytes", int,
      "largest request body, 413 above it (default 8 MiB)"),
@@ -82,6 +95,7 @@ _REPEATED_FLAGS = {
     "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
     "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
     "routers": "--router", "router_join": "--no-router-join",
+    "group_engine_first": "--no-group-engine-first",
     "allow_unauthenticated_network": "--allow-unauthenticated-network"}
 """The flags outside ``SERVE_FLAGS`` that name a setting, by field (for refusal messages)."""
 
@@ -129,6 +143,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="do not add the engine to the --router routers once it is healthy "
                        "at start (for routers that discover pods themselves) "
                        f"[env {_env_name('router_join')}]")
+    serve.add_argument("--no-group-engine-first", dest="group_engine_first",
+                       action="store_const", const=False, default=None,
+                       help="on the group's leader, stop the engine children first like any "
+                       "pod, not its main processes first "
+                       f"[env {_env_name('group_engine_first')}]")
     serve.add_argument("--allow-unauthenticated-network", dest="allow_unauthenticated_network",
                        action="store_const", const=True, default=None,
                        help="serve a non-loopback --host without a token (refused otherwise: "

@@ -32,6 +32,7 @@ from coordinator.service.fast_status import (
     limit_headers,
     long_poll,
 )
+from coordinator.service.group_routes import group_routes
 from coordinator.service.invalid_input import invalid_input
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
@@ -156,6 +157,10 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
                 status_code=202)
         timeout = remaining(drain.deadlines.deadline_at, coordinator.controller.clock())
         finished = await coordinator.controller.wait(timeout + WAIT_SLACK_S)
+        if finished and coordinator.group is not None:
+            # The group's summary: every follower's report, within the group's budget.
+            await coordinator.group.wait_settled(drain, coordinator.changes,
+                                                 coordinator.controller.clock)
         if finished:
             _, etag, body = coordinator.view.status_bytes()
             return Response(body, media_type=JSON, headers={"ETag": etag})
@@ -346,6 +351,9 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
 
     app.include_router(public)
     app.include_router(api)
+    if coordinator.group is not None:
+        app.include_router(group_routes(coordinator, coordinator.group,
+                                        settings.long_poll_cap_s), responses=GUARDED)
     app.add_middleware(StatusFastPath, coordinator=coordinator, cap_s=settings.long_poll_cap_s)
     # Added last, so it is the outermost: it sees every request first.
     app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,

@@ -76,6 +76,7 @@ class StateKeeper:
             "last": controller.last.to_record() if controller.last else None,
             "workers": [w.to_record() for w in c.registry.workers.values()],
             "migrations": c.migrations.to_record(),
+            **({"group": c.group.to_record()} if c.group is not None else {}),
         }
 
     def _written(self, ok: bool) -> None:

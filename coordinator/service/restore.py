@@ -14,6 +14,7 @@ from typing import Any
 
 from coordinator.drain.phases import Phase, Transition
 from coordinator.drain.record import DrainRecord
+from coordinator.group.node import check_record
 from coordinator.kill import procfs
 from coordinator.kill.identity import same_start
 from coordinator.kill.report import Fate, ProcessOutcome
@@ -34,6 +35,8 @@ class RestoredState:
     """The drain of ``phase`` (None while serving)."""
     last: DrainRecord | None
     """The drain before it (shown as ``last_drain``)."""
+    group: dict[str, Any] | None = None
+    """This pod's part in a group drain (``coordinator.group``), when it is in a group."""
 
 
 def build(document: dict[str, Any]) -> RestoredState:
@@ -44,6 +47,8 @@ def build(document: dict[str, Any]) -> RestoredState:
     phase = Phase(document["phase"])
     drain = document["drain"]
     last = document.get("last")
+    group = document.get("group")
+    check_record(group)
     return RestoredState(
         phase=phase,
         generation=int(document["generation"]),
@@ -52,6 +57,7 @@ def build(document: dict[str, Any]) -> RestoredState:
         migrations=migrations,
         drain=DrainRecord.from_record(drain) if drain is not None else None,
         last=DrainRecord.from_record(last) if last is not None else None,
+        group=group,
     )
 
 

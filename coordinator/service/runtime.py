@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import signal
 import time
 import uuid
@@ -30,6 +31,7 @@ from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.errors import DrainConflict, LimitReached
+from coordinator.group.node import ControllerHost, GroupNode
 from coordinator.kill import adoption, identity
 from coordinator.kill.policy import TierSpec
 from coordinator.service import drain_log, expiry, posture
@@ -100,13 +102,17 @@ class Coordinator:
         """``GET /status?wait`` callers waiting now (bounded by ``max_long_polls``)."""
         self.fleet = WorkerFleet(self)
         """The workers' side of a drain (the controller's ``Fleet``)."""
+        budget_s = total_budget(settings.grace_period_s, settings.safety_margin_s)
+        host = ControllerHost(self.machine, self.bump)
+        self.group = GroupNode.build(settings, os.environ, budget_s, host, self.posture.token)
+        """This pod's part in a group drain (docs/group.md); None in no group."""
         self.controller = DrainController(
             machine=self.machine,
             changes=self.changes,
-            fleet=self.fleet,
-            kill=kill,
+            fleet=self.group.fleet(self.fleet) if self.group else self.fleet,
+            kill=self.group.killer(kill) if self.group else kill,
             config=DrainConfig(
-                budget_s=total_budget(settings.grace_period_s, settings.safety_margin_s),
+                budget_s=self.group.drain_budget_s if self.group else budget_s,
                 tier_timeout_s=settings.tier_timeout_s,
                 confirm_s=settings.confirm_s,
                 termination_share=settings.termination_share,
@@ -116,6 +122,7 @@ class Coordinator:
             on_outcome=lambda _outcome: self.processes_changed(),
             on_finished=self._finished,
         )
+        host.controller = self.controller
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -129,6 +136,8 @@ class Coordinator:
                 log.warning("no doorbell (%s): workers learn of a drain from their streams",
                             exc)
                 self.doorbell = None
+        if self.group is not None:
+            self.group.start()
         if self.settings.state_file is not None:
             await self.state.load(self.settings.state_file)
         await self.rescan()
@@ -151,6 +160,8 @@ class Coordinator:
             await asyncio.gather(self._sweeper, return_exceptions=True)
         await self.scan.stop()
         await self.controller.close()
+        if self.group is not None:
+            await self.group.stop()
         if self.routers is not None:
             await self.routers.close()
         self.registry.close()
@@ -220,6 +231,8 @@ class Coordinator:
         self.machine.restore(state.phase, state.generation, state.timeline)
         self.view.processes_changed()
         self.metrics.set_phase(state.phase)
+        if self.group is not None:
+            self.group.restore(state.group)
         if state.drain is not None and state.phase is not Phase.SERVING:
             log.info("state file: resuming a drain in phase %s", state.phase)
             self.controller.resume(state.drain, state.phase)
@@ -235,6 +248,8 @@ class Coordinator:
         if self.doorbell is not None:
             self.doorbell.reset()  # new workers must not find the finished drain's ring
         self.metrics.new_cycles.labels(trigger).inc()
+        if self.group is not None:
+            self.group.new_cycle()
         self.processes_changed()
         log.info("new cycle (%s): serving again", note)
 
@@ -356,5 +371,7 @@ class Coordinator:
         if drain.outcome != "aborted":
             for outcome in drain.outcomes.values():
                 self.metrics.fates.labels(outcome.fate.value).inc()
+        if self.group is not None:
+            self.group.drain_finished(drain)
         self.bump()
 

@@ -117,6 +117,8 @@ class StatusView:
                               "handed": controller.handover.handed},
             "routers": c.routers.to_status() if c.routers is not None else [],
         }
+        if c.group is not None:
+            document["group"] = c.group.to_status()
         if processes:
             entries = self.process_list()
             document.update(counts=_counts(entries), processes=entries)

@@ -1,0 +1,130 @@
+"""A group of real coordinators (one per pod, real processes on loopback ports) and the
+simulated multi-node engine (devstack/sim/group) whose pods register with them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from devstack.sim.group.launcher import GroupHandle, start_group
+from devstack.sim.group.network import KIND_LOOPBACK
+from devstack.sim.group.rank import RANK_ROLE
+from tests.service.servers import Running, start_coordinator
+from tests.support.processes import ProcessJanitor, wait_for
+
+TOKEN = "group-secret"
+"""The token every coordinator of the group has (peers authenticate with it)."""
+SIZE = 4
+"""A leader and 3 followers, one rank each."""
+WAIT_S = 120.0
+"""Bounds a failing test only: every wait is for an event."""
+GROUP_FAST = ["--grace-period", "40", "--safety-margin", "1", "--tier-timeout", "5",
+              "--confirm-timeout", "1", "--prekill-timeout", "2", "--scan-interval", "0.5"]
+"""A budget that a loaded 2-core machine never runs out of (tests wait for events, so a
+passing test never waits for it): B = 39 s, the followers' kills keep 9.75 s."""
+
+
+@dataclass
+class Coordinators:
+    """The group's coordinators, the leader first."""
+
+    all: list[Running]
+    token_file: str
+    """The token's file ("" without one), for the simulated engine's registrations."""
+
+    @property
+    def leader(self) -> Running:
+        return self.all[0]
+
+    @property
+    def followers(self) -> list[Running]:
+        return self.all[1:]
+
+
+def start_coordinators(janitor: ProcessJanitor, tmp: Path, size: int = SIZE, *args: str,
+                       leader_url: str | None = None, follower_args: tuple[str, ...] = (),
+                       token: str | None = TOKEN) -> Coordinators:
+    """Start the leader's coordinator, then each follower's told of it (``leader_url``
+    overrides where the followers look for it), all with the same ``token``."""
+    leader = start_coordinator(janitor, tmp, *GROUP_FAST, "--group-size", str(size),
+                               "--group-index", "0", *args, token=token, name="coordinator-0")
+    running = [leader]
+    for index in range(1, size):
+        running.append(start_coordinator(
+            janitor, tmp, *GROUP_FAST, "--group-size", str(size), "--group-index", str(index),
+            "--group-leader", leader_url or leader.url, *args, *follower_args, token=token,
+            name=f"coordinator-{index}"))
+    return Coordinators(running, str(tmp / "coordinator-0.token") if token else "")
+
+
+def group_status(running: Running) -> dict[str, Any]:
+    group: dict[str, Any] = running.status()["group"]
+    return group
+
+
+def wait_announced(coordinators: Coordinators) -> None:
+    """Every follower is listed by the leader."""
+    size = len(coordinators.all)
+
+    def listed() -> bool:
+        members = group_status(coordinators.leader)["members"]
+        return {m["index"] for m in members} == set(range(1, size))
+
+    wait_for(listed, timeout=WAIT_S, what="every follower announced to the leader")
+
+
+@pytest.fixture
+def sim_groups(janitor: ProcessJanitor, tmp_path: Path) -> Iterator[list[GroupHandle]]:
+    """Groups started by the test; each still running at the end is SIGKILLed and reaped
+    (the janitor then checks that nothing is left)."""
+    groups: list[GroupHandle] = []
+    yield groups
+    for group in groups:
+        try:
+            group.kill()
+        finally:
+            group.close()
+
+
+def start_sim(janitor: ProcessJanitor, tmp: Path, groups: list[GroupHandle],
+              coordinators: Coordinators, **knobs: Any) -> GroupHandle:
+    """The simulated multi-node engine, pod i registered with coordinator i (its main
+    process and its rank), on loopback addresses; waits until every registration shows."""
+    knobs = {"schedulers": 1, "token_interval_ms": 20, "graceful_main": True,
+             "collective_timeout_s": 5.0, **knobs}
+    group = start_group(janitor.spawn, tmp / "sim", len(coordinators.all),
+                        network=KIND_LOOPBACK, coordinators=[c.url for c in coordinators.all],
+                        coordinator_token_file=coordinators.token_file, **knobs)
+    groups.append(group)
+    for pod, running in zip(group.pods, coordinators.all, strict=True):
+        expected = {pod.pid, *pod.rank_pids().values()}
+
+        def registered(running: Running = running, expected: set[int] = expected) -> bool:
+            workers = running.status()["workers"]
+            return {w["pid"] for w in workers if w.get("connected")} >= expected and \
+                any(w["role"] == RANK_ROLE for w in workers)
+
+        wait_for(registered, timeout=WAIT_S, what=f"pod {pod.node_rank} registered")
+    return group
+
+
+async def drain_all(urls: list[str], *, token: str | None = TOKEN) -> list[dict[str, Any]]:
+    """``GET /drain`` on each coordinator at once, as every preStop hook of a group deletion
+    runs; their answers, in order."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(timeout=WAIT_S, headers=headers) as client:
+        answers = await asyncio.gather(*(client.get(f"{url}/drain") for url in urls))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+    return [a.json() for a in answers]
+
+
+def summary_key(summary: dict[str, Any]) -> str:
+    return json.dumps(summary, sort_keys=True)
