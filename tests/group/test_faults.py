@@ -203,3 +203,34 @@ async def test_one_follower_pod_deleted_alone_drains_the_whole_group(
     wait_for(lambda: group_status(coordinators.leader)["summary"]["complete"],
              timeout=WAIT_S, what="the complete group summary")
     _assert_group_summary(group_status(coordinators.leader)["summary"], group)
+
+
+def test_a_leader_drain_aborted_aborts_the_drains_it_started(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. A leader and one follower, a tree at the follower; the leader's drain held in
+    migrating. 2. Drain the leader: the follower follows (``draining``, its kill held, its
+    readiness failing). 3. DELETE /drain on the leader. 4. The follower's drain is aborted
+    too: serving again, ready, the group state back to ``joined``, its tree untouched."""
+    coordinators = start_coordinators(janitor, tmp_path, 2)
+    leader, follower = coordinators.all
+    wait_announced(coordinators)
+    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
+    hold_drains(leader, holder["pid"])
+    tree = start_tree(janitor, tmp_path, children=0)
+    register(follower, tree["pid"])
+    assert _drain(leader, wait=False).status_code == 202
+    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
+             what="the follower following the leader's drain")
+    assert httpx.get(f"{follower.url}/readyz").status_code == 503
+    with leader.client() as client:
+        assert client.delete("/drain").status_code == 200
+
+    def serving_again() -> bool:
+        status = follower.status()
+        return status["phase"] == "serving" and status["group"]["state"] == "joined"
+
+    wait_for(serving_again, timeout=WAIT_S, what="the follower's drain aborted")
+    assert httpx.get(f"{follower.url}/readyz").status_code == 200
+    assert all(alive(pid) for pid in tree["all"])
+    janitor.service(holder["pid"], exit_code=0)
+    janitor.service(tree["pid"], exit_code=0)
