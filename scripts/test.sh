@@ -161,7 +161,7 @@ echo "== chaos soak (short)"
 # each checked against ground truth; non-zero when any was not (bench/soak.py).
 .venv/bin/python -m bench.soak --drains 50 --max-seconds 170 --quiet
 echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers, smg and"
-echo "   vllm-router in front of simulated engines)"
+echo "   vllm-router in front of simulated engines, a rolling update behind smg)"
 if ! wait "$engines_install"; then
     cat .engines/install.log
     echo "installing the engines failed"
@@ -169,5 +169,5 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-.venv/bin/pytest -m engine tests/engines tests/routers
+.venv/bin/pytest -m engine tests/engines tests/routers tests/bench/test_rollout.py
 echo "engine tests: $((SECONDS - engine_started)) s wall time"
