@@ -122,6 +122,27 @@ def _router_text(router: dict[str, Any]) -> str:
     return text
 
 
+def _group_text(group: dict[str, Any]) -> str:
+    """This pod's place in its group drain (docs/group.md), and how the group stands."""
+    text = f"{group.get('role')} {group.get('index')} of {group.get('size')}"
+    if group.get("role") == "follower":
+        leader = group.get("leader") or {}
+        text += f", {group.get('state')}, leader {group.get('leader_url')}"
+        if leader.get("reachable") is False:
+            text += f" unreachable ({leader.get('error')})"
+    else:
+        members = group.get("members") or []
+        text += f", {len(members)} of {max(0, int(group.get('size') or 1) - 1)} followers known"
+    if group.get("mode") == "local":
+        text += f"; drained alone: {group.get('reason')}"
+    summary = group.get("summary") or {}
+    reported = sum(1 for p in summary.get("pods") or () if p.get("reported"))
+    if reported:
+        text += (f"; group summary {reported}/{len(summary.get('pods') or ())} pods"
+                 + (f", {summary['outcome']}" if summary.get("outcome") else ""))
+    return text
+
+
 def status_text(doc: dict[str, Any]) -> str:
     """The whole status for a person."""
     now = time.time()
@@ -150,6 +171,8 @@ def status_text(doc: dict[str, Any]) -> str:
     if engine:
         out.append(f"engine      {_engine_text(engine)}")
     out += [f"router      {_router_text(r)}" for r in doc.get("routers") or ()]
+    if doc.get("group"):
+        out.append(f"group       {_group_text(doc['group'])}")
     mc = doc.get("migration_counts", {})
     out.append(f"migrations  {len(doc.get('migrations', []))} pending, "
                f"{mc.get('handed_back', 0)} handed back, {mc.get('acked', 0)} acknowledged, "

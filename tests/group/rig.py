@@ -4,7 +4,10 @@ simulated multi-node engine (devstack/sim/group) whose pods register with them."
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,12 +118,25 @@ def start_sim(janitor: ProcessJanitor, tmp: Path, groups: list[GroupHandle],
     return group
 
 
-async def drain_all(urls: list[str], *, token: str | None = TOKEN) -> list[dict[str, Any]]:
+async def drain_all(urls: list[str], *, token: str | None = TOKEN,
+                    main_caller: bool = False) -> list[dict[str, Any]]:
     """``GET /drain`` on each coordinator at once, as every preStop hook of a group deletion
-    runs; their answers, in order."""
+    runs (``main_caller``: ``?main=caller``, as the manifests' hook calls it, and then the
+    kubelet's SIGTERM to the main processes it was left, once its hook returned); their
+    answers, in order."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    query = "?main=caller" if main_caller else ""
     async with httpx.AsyncClient(timeout=WAIT_S, headers=headers) as client:
-        answers = await asyncio.gather(*(client.get(f"{url}/drain") for url in urls))
+
+        async def hook(url: str) -> httpx.Response:
+            answer = await client.get(f"{url}/drain{query}")
+            if answer.status_code == 200:
+                for pid in answer.json().get("main_left_to_caller") or ():
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+            return answer
+
+        answers = await asyncio.gather(*(hook(url) for url in urls))
     for answer in answers:
         assert answer.status_code == 200, answer.text
     return [a.json() for a in answers]

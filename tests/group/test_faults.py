@@ -227,10 +227,63 @@ def test_a_leader_drain_aborted_aborts_the_drains_it_started(
 
     def serving_again() -> bool:
         status = follower.status()
-        return status["phase"] == "serving" and status["group"]["state"] == "joined"
+        return bool(status["phase"] == "serving" and status["group"]["state"] == "joined")
 
     wait_for(serving_again, timeout=WAIT_S, what="the follower's drain aborted")
     assert httpx.get(f"{follower.url}/readyz").status_code == 200
     assert all(alive(pid) for pid in tree["all"])
     janitor.service(holder["pid"], exit_code=0)
     janitor.service(tree["pid"], exit_code=0)
+
+
+def test_a_leader_restarted_mid_group_drain_resumes_it_with_its_members(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. A leader with a state file on a fixed port and one follower (its loss bound long
+    enough for a restart), a tree at the follower; the leader's drain held in migrating.
+    2. Drain the leader; the follower follows and holds its kill. 3. SIGKILL the leader's
+    coordinator and start it again on the same port and file: it resumes the drain, its
+    member listed from the file. 4. Release the leader's worker: the leader finishes, the
+    follower's kill runs after it (``group`` mode, never ``local``), the follower reports,
+    and the restarted leader shows the complete, graceful group summary."""
+    state = tmp_path / "leader.state.json"
+    port = _closed_port()
+    leader_args = ("--state-file", str(state), "--port", str(port), *NO_DOORBELL)
+    leader = start_coordinator(janitor, tmp_path, *GROUP_FAST, "--group-size", "2",
+                               "--group-index", "0", *leader_args, token=TOKEN, name="leader")
+    follower = start_coordinator(janitor, tmp_path, *GROUP_FAST, "--group-size", "2",
+                                 "--group-index", "1", "--group-leader", leader.url,
+                                 "--group-leader-timeout", "60", token=TOKEN, name="follower")
+    wait_for(lambda: [m["index"] for m in group_status(leader)["members"]] == [1],
+             timeout=WAIT_S, what="the follower announced")
+    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
+    holder_id = hold_drains(leader, holder["pid"])
+    tree = start_tree(janitor, tmp_path)
+    register(follower, tree["pid"])
+    assert _drain(leader, wait=False).status_code == 202
+    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
+             what="the follower following the leader's drain")
+
+    def members_on_disk() -> bool:
+        document = json.loads(state.read_text()) if state.exists() else {}
+        return [m["index"] for m in (document.get("group") or {}).get("members", [])] == [1] \
+            and document.get("phase") == "migrating"
+
+    wait_for(members_on_disk, timeout=WAIT_S, what="the leader's members on disk")
+    leader.proc.send_signal(signal.SIGKILL)
+    leader.proc.wait(timeout=WAIT_S)
+    again = start_coordinator(janitor, tmp_path, *GROUP_FAST, "--group-size", "2",
+                              "--group-index", "0", *leader_args, token=TOKEN,
+                              name="leader-again")
+    status = again.status()
+    assert status["phase"] == "migrating"
+    assert [m["index"] for m in status["group"]["members"]] == [1]
+
+    with again.client() as client:
+        client.post(f"/workers/{holder_id}/report", json={"inflight": 0}).raise_for_status()
+        summary = client.get("/drain", timeout=WAIT_S).json()
+    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
+    merged = summary["group"]["summary"]
+    assert (merged["complete"], merged["outcome"]) == (True, "graceful"), merged["pods"]
+    assert [p["mode"] for p in merged["pods"]] == ["group", "group"]
+    assert {p["pid"] for p in merged["processes"] if p["pod"] == 1} >= set(tree["all"])
+    assert not [pid for pid in tree["all"] if alive(pid)]

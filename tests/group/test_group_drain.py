@@ -70,7 +70,7 @@ def _assert_group_summary(summary: dict[str, Any], group: GroupHandle) -> None:
 
 
 async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[GroupHandle],
-                              every_hook: bool) -> None:
+                              every_hook: bool, main_caller: bool = False) -> None:
     # No token: the reference router acknowledges handoffs without one (the peer calls'
     # token is held in test_faults.py).
     coordinators = start_coordinators(janitor, tmp, token=None)
@@ -83,7 +83,10 @@ async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[G
     await asyncio.wait_for(load.started.wait(), WAIT_S)
 
     urls = [c.url for c in coordinators.all] if every_hook else [coordinators.leader.url]
-    answers = await drain_all(urls, token=None)
+    answers = await drain_all(urls, token=None, main_caller=main_caller)
+    if main_caller:  # the hooks returned at the handover: each drain's end, joined
+        assert answers[0]["main_left_to_caller"] == [group.leader.pid], answers[0]
+        answers = await drain_all(urls, token=None)
     streams = await asyncio.wait_for(running, WAIT_S)
 
     broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
@@ -131,3 +134,14 @@ async def test_the_leaders_drain_alone_drains_the_group(
     left of their ranks only after the leader's engine stopped, and report; the leader's
     answer waits for their reports and carries the complete group summary."""
     await _drained_under_load(janitor, tmp_path, sim_groups, every_hook=False)
+
+
+async def test_a_group_deletion_with_the_manifests_hook_hands_the_mains_to_the_kubelet(
+        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],  # noqa: F811
+) -> None:
+    """1-3. As above. 4. Call every coordinator's ``GET /drain?main=caller`` at once (the
+    manifests' preStop hook); when a hook returns, SIGTERM the main processes it was left,
+    as the kubelet does. 5-7. As above: the leader's engine-first tier is handed to the
+    kubelet's SIGTERM, the group still stops in the safe order, and every drain's end (joined
+    again) carries the complete, graceful group summary."""
+    await _drained_under_load(janitor, tmp_path, sim_groups, every_hook=True, main_caller=True)

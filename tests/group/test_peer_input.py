@@ -4,6 +4,8 @@ no message that could make a coordinator signal anything (only phases and summar
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -108,3 +110,23 @@ def test_no_group_message_names_a_process_to_signal(pair: tuple[Running, Running
     assert status["phase"] == "serving"
     assert status["adopted"] == []
     assert status["workers"] == []
+
+
+def test_status_shows_the_group_to_a_person(pair: tuple[Running, Running],
+                                            tmp_path: Path) -> None:
+    """``shutdown-coordinator status`` names each pod's place in its group: the leader how
+    many followers it knows, a follower its state and its leader."""
+    leader, follower = pair
+    token = tmp_path / "status.token"
+    token.write_text(TOKEN)
+    shown = {}
+    for name, running in (("leader", leader), ("follower", follower)):
+        done = subprocess.run(
+            [sys.executable, "-m", "coordinator", "status", "--url", running.url,
+             "--token-file", str(token)], capture_output=True, text=True, timeout=60,
+            cwd=Path(__file__).resolve().parents[2])
+        assert done.returncode == 0, done.stderr
+        shown[name] = next(line for line in done.stdout.splitlines()
+                           if line.startswith("group "))
+    assert shown["leader"].endswith("leader 0 of 3, 1 of 2 followers known")
+    assert f"follower 1 of 3, joined, leader {leader.url}" in shown["follower"]
