@@ -192,6 +192,9 @@ class FollowerLink:
         if self._unreachable_since is None:
             self._unreachable_since = now
         changed = self.reachable is not False or self.last_error != str(exc)
+        if self.reachable is not False:
+            log.warning("group member %d: the leader %s cannot be reached: %s",
+                        self.membership.index, self.client.leader_url, exc)
         self.reachable, self.last_error = False, str(exc)
         if self.state is FollowerState.DRAINING and self._drain_began is not None:
             since = max(self._unreachable_since, self._drain_began)
@@ -205,6 +208,7 @@ class FollowerLink:
             self.host.changed()
 
     def _reached(self, doc: dict[str, Any]) -> None:
+        seen = _visible(self.leader), self.reachable
         self._unreachable_since = None
         self.reachable, self.last_error = True, None
         self.leader = doc
@@ -227,7 +231,8 @@ class FollowerLink:
                 self.fire(FollowerEvent.ABORTED):
             with contextlib.suppress(DrainConflict):
                 self.host.abort_drain()
-        self.host.changed()
+        if (_visible(doc), True) != seen:  # the leader's every change is not ours
+            self.host.changed()
 
     # --- step 3: this pod's drain ------------------------------------------------------
 
@@ -326,3 +331,12 @@ class FollowerLink:
         self._leader_seen_draining = bool(record.get("leader_seen_draining"))
         if self.state in KILL_MAY_RUN:
             self.gate.set()
+
+
+def _visible(doc: dict[str, Any] | None) -> tuple[Any, ...]:
+    """What of the leader's document this follower's ``/status`` shows."""
+    doc = doc or {}
+    summary = doc.get("summary") or {}
+    return (doc.get("phase"), doc.get("engine_stopped"), summary.get("complete"),
+            summary.get("outcome"), tuple(bool(p.get("reported"))
+                                          for p in summary.get("pods") or ()))
