@@ -173,10 +173,11 @@ class FollowerLink:
         instance: str | None = None
         failures = 0
         while True:
+            began = self.monotonic()
             try:
                 doc = await self.client.watch(since, POLL_WAIT_S)
             except GroupError as exc:
-                self._failed(exc)
+                self._failed(exc, began)
                 failures += 1
                 await asyncio.sleep(min(1.0, 0.1 * 2 ** min(failures, 4)))
                 continue
@@ -187,10 +188,11 @@ class FollowerLink:
             since = generation if isinstance(generation, int) else None
             self._reached(doc)
 
-    def _failed(self, exc: Exception) -> None:
+    def _failed(self, exc: Exception, began: float | None = None) -> None:
+        """A call failed (``began``: when it was made; unreachable since then)."""
         now = self.monotonic()
         if self._unreachable_since is None:
-            self._unreachable_since = now
+            self._unreachable_since = now if began is None else began
         changed = self.reachable is not False or self.last_error != str(exc)
         if self.reachable is not False:
             log.warning("group member %d: the leader %s cannot be reached: %s",

@@ -79,6 +79,29 @@ def test_a_follower_that_cannot_reach_its_leader_drains_alone_and_says_so(
     _assert_tree_ended(tree, summary)
 
 
+def test_a_follower_whose_leader_is_silent_drains_alone(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. Start a follower whose leader's address accepts connections and never answers (a
+    listening socket nobody reads: a hung node), its loss bound 1 s, a tree registered.
+    2. GET /drain. 3. Each call to the leader outlives its timeout; the drain then runs
+    alone: graceful, the tree ended, ``group`` ``local``, the leader unreachable."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(64)
+        follower = start_coordinator(
+            janitor, tmp_path, "--group-size", "2", "--group-index", "1", "--group-leader",
+            f"http://127.0.0.1:{silent.getsockname()[1]}", *LEADER_TIMEOUT, token=TOKEN,
+            name="follower")
+        tree = start_tree(janitor, tmp_path)
+        register(follower, tree["pid"])
+        with follower.client(timeout=WAIT_S) as client:
+            summary = client.get("/drain").json()
+    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
+    assert summary["group"]["mode"] == "local"
+    assert "could not be reached" in summary["group"]["reason"]
+    _assert_tree_ended(tree, summary)
+
+
 def test_a_follower_whose_token_the_leader_refuses_drains_alone(
         janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. A leader with the group's token, a follower with another. 2. The leader never
