@@ -92,6 +92,8 @@ class GatedKiller:
                   on_update: OnUpdate | None = None, prior: PriorOutcomes | None = None,
                   hand_roots: HandRoots | None = None) -> KillReport:
         began = self.monotonic()
+        if policy is not None and policy.force:
+            self.open_gate()  # a force drain waits for nobody
         await self.gate.wait()
         if policy is not None:
             waited = self.monotonic() - began

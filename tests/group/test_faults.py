@@ -310,3 +310,32 @@ def test_a_leader_restarted_mid_group_drain_resumes_it_with_its_members(
     assert [p["mode"] for p in merged["pods"]] == ["group", "group"]
     assert {p["pid"] for p in merged["processes"] if p["pod"] == 1} >= set(tree["all"])
     assert not [pid for pid in tree["all"] if alive(pid)]
+
+
+def test_a_force_drain_of_a_follower_waits_for_nobody(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. A leader and one follower, a tree at the follower; the leader's drain held in
+    migrating, so the follower's kill is held. 2. Drain the leader; the follower follows.
+    3. POST /drain {"force": true} on the follower (an operator's quick stop): its kill runs
+    at once, in force mode, while the leader still migrates; ``group`` says why the kill did
+    not wait."""
+    coordinators = start_coordinators(janitor, tmp_path, 2)
+    leader, follower = coordinators.all
+    wait_announced(coordinators)
+    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
+    hold_drains(leader, holder["pid"])
+    tree = start_tree(janitor, tmp_path)
+    register(follower, tree["pid"])
+    assert _drain(leader, wait=False).status_code == 202
+    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
+             what="the follower following the leader's drain")
+    assert _drain(follower, force=True, wait=False).status_code == 202
+    wait_for(lambda: follower.status()["phase"] == "done", timeout=WAIT_S,
+             what="the follower's force drain done")
+    summary = follower.status()
+    assert summary["outcome"] == "killed", summary["drain"]
+    assert summary["group"]["state"] in ("released", "reported")
+    assert summary["group"]["reason"] == "a force drain does not wait for the leader"
+    assert not [pid for pid in tree["all"] if alive(pid)]
+    assert leader.status()["phase"] == "migrating"
+    janitor.service(holder["pid"], exit_code=0)
