@@ -11,6 +11,7 @@ import pytest
 
 from coordinator.group.budget import group_budget
 from coordinator.group.membership import GroupSettingError, membership
+from coordinator.group.node import check_record
 from coordinator.group.peer import LeaderUnreachable, PeerRefused, retrying
 from coordinator.group.summary import PodReport, merge
 from coordinator.group.table import (
@@ -176,3 +177,22 @@ async def test_the_retry_policy_retries_the_unreachable_only_and_is_bounded() ->
     with pytest.raises(LeaderUnreachable):
         await given_up()
     assert slept == []
+
+
+@pytest.mark.parametrize("record", [
+    "draining", {"state": "draining"}, {"index": 1, "state": "lost"},
+    {"index": 0, "members": [{"index": 1}]},
+    {"index": 0, "members": [{"index": 1, "announced_at": "soon"}]},
+])
+def test_a_group_record_a_node_cannot_restore_is_refused(record: Any) -> None:
+    """A state file's ``group`` that a node cannot take over raises, so the whole file is set
+    aside as corrupt (``coordinator/service/restore.py``), never half restored."""
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        check_record(record)
+
+
+def test_a_group_record_a_node_can_restore_passes() -> None:
+    check_record(None)
+    check_record({"index": 1, "state": "draining", "mode": "group", "reason": None})
+    check_record({"index": 0, "members": [{"index": 1, "url": None, "announced_at": 1.0,
+                                           "report": None}]})
