@@ -325,3 +325,46 @@ async def test_a_completion_is_continued_by_token_ids_when_the_engine_gives_them
     assert first["prompt"] == "Once"
     assert again["return_token_ids"] is True
     assert (again["prompt"], again["max_tokens"]) == ([1, 2, 3, 100, 101, 102], 3)
+
+
+async def test_streams_handed_back_together_each_arrive_whole(
+    janitor: ProcessJanitor, start_sim: StartEngine, tmp_path: Path
+) -> None:
+    """1. Engines A (holds after 4 tokens) and B, the round-robin router, the proxy.
+    2. Six 20-token streams through the proxy at once, each its own prompt (completions
+       and chats alternating): the router sends three to A, three to B.
+    3. Once B has completed its three (its own count) and A holds its three (in flight,
+       4 tokens each reached the proxy), A hands all three back at once.
+    4. Every stream is exactly the engine's 20 tokens for its prompt and ends with [DONE];
+       A handed back three, B completed six; the proxy counts three continuations."""
+    a, b = two_engines(start_sim)
+    proxy = proxy_over(janitor, tmp_path, [a.url, b.url])
+    requests: list[tuple[str, dict[str, Any], str]] = []
+    for i in range(6):
+        if i % 2:
+            messages = [{"role": "user", "content": f"Question {i}: what drains a pod?"}]
+            requests.append(("/v1/chat/completions", {"messages": messages},
+                             chat_context(messages)))
+        else:
+            requests.append(("/v1/completions", {"prompt": f"Prompt {i}"}, f"Prompt {i}"))
+    streams = [asyncio.ensure_future(stream(f"{proxy.url}{path}",
+                                            {"model": "sim", **body, "max_tokens": TOKENS}))
+               for path, body, _ in requests]
+
+    def all_held() -> bool:
+        done = [s for s in streams if s.done()]
+        if len(done) > 3:
+            raise AssertionError(f"{len(done)} streams ended before the hand-back")
+        return (health(b)["completed"] == 3 and health(a)["inflight"] == 3
+                and proxy.metrics()["continuation_proxy_tokens_total"] == 3 * TOKENS + 3 * HOLD)
+
+    await asyncio.to_thread(wait_for, all_held, what="B done with 3 streams, A holding 3")
+    async with httpx.AsyncClient(timeout=30) as client:
+        (await client.post(f"{a.url}/internal/handoff")).raise_for_status()
+    results = await asyncio.gather(*streams)
+    for (_, _, context), (chunks, last) in zip(requests, results, strict=True):
+        assert tokens_of(chunks) == expected_tokens(context, TOKENS), context
+        assert last == "[DONE]"
+        one_stream(chunks)
+    assert (health(a)["handed_back"], health(b)["completed"]) == (3, 6)
+    assert proxy.metrics()["continuation_proxy_continuations_total"] == 3
