@@ -8,16 +8,15 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 
 from devstack.sim.group.launcher import GroupHandle, start_group
 from devstack.sim.group.network import KIND_LOOPBACK
+from devstack.sim.group.protocol import CAUSE_FINISHED
 from devstack.sim.group.rank import RANK_ROLE
 from tests.service.servers import Running, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
@@ -83,19 +82,6 @@ def wait_announced(coordinators: Coordinators) -> None:
     wait_for(listed, timeout=WAIT_S, what="every follower announced to the leader")
 
 
-@pytest.fixture
-def sim_groups(janitor: ProcessJanitor, tmp_path: Path) -> Iterator[list[GroupHandle]]:
-    """Groups started by the test; each still running at the end is SIGKILLed and reaped
-    (the janitor then checks that nothing is left)."""
-    groups: list[GroupHandle] = []
-    yield groups
-    for group in groups:
-        try:
-            group.kill()
-        finally:
-            group.close()
-
-
 def start_sim(janitor: ProcessJanitor, tmp: Path, groups: list[GroupHandle],
               coordinators: Coordinators, **knobs: Any) -> GroupHandle:
     """The simulated multi-node engine, pod i registered with coordinator i (its main
@@ -144,3 +130,29 @@ async def drain_all(urls: list[str], *, token: str | None = TOKEN,
 
 def summary_key(summary: dict[str, Any]) -> str:
     return json.dumps(summary, sort_keys=True)
+
+
+async def exit_codes(group: GroupHandle) -> list[int]:
+    return [await asyncio.to_thread(pod.engine.proc.wait, WAIT_S) for pod in group.pods]
+
+
+def assert_group_summary(summary: dict[str, Any], group: GroupHandle) -> None:
+    """The group summary lists every process of every pod once, each ended as its own
+    record says: every rank finished the group and exited 0, every pod's main exited 0."""
+    assert summary["complete"] is True, summary["pods"]
+    assert summary["outcome"] == "graceful", summary["pods"]
+    assert [p["mode"] for p in summary["pods"]] == ["group"] * len(group.pods)
+    listed = {(p["pod"], p["pid"]): p for p in summary["processes"]}
+    assert len(listed) == len(summary["processes"])
+    for pod in group.pods:
+        for pid in pod.pids():
+            entry = listed[(pod.node_rank, pid)]
+            assert entry["fate"] in ("exited", "gone"), entry
+            assert entry["exit_code"] == 0, entry
+    records = group.rank_records()
+    assert records.keys() == set(group.ranks())
+    for rank, record in records.items():
+        assert (record["exit_code"], record["cause"], record["cleanup"]) == (
+            0, CAUSE_FINISHED, "finished"), (rank, record)
+        pod = group.pod_of_rank(rank)
+        assert listed[(pod.node_rank, record["pid"])]["exit_code"] == record["exit_code"]

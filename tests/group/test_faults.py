@@ -20,14 +20,14 @@ from tests.group.rig import (
     GROUP_FAST,
     TOKEN,
     WAIT_S,
+    assert_group_summary,
     drain_all,
+    exit_codes,
     group_status,
-    sim_groups,  # noqa: F401 (a fixture)
     start_coordinators,
     start_sim,
     wait_announced,
 )
-from tests.group.test_group_drain import _assert_group_summary, _exit_codes
 from tests.kill.helpers import alive
 from tests.service.servers import Running, hold_drains, register, start_coordinator
 from tests.service.trees import start_tree
@@ -205,7 +205,7 @@ def test_a_follower_restarted_mid_group_drain_resumes_it(
 
 
 async def test_one_follower_pod_deleted_alone_drains_the_whole_group(
-        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],  # noqa: F811
+        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],
 ) -> None:
     """1. A coordinator per pod, the simulated group of four registered with them.
     2. Only follower pod 2's preStop hook runs (the pod deleted or evicted alone).
@@ -219,13 +219,13 @@ async def test_one_follower_pod_deleted_alone_drains_the_whole_group(
     group = start_sim(janitor, tmp_path, sim_groups, coordinators)
     (answer,) = await drain_all([coordinators.all[2].url])
     assert (answer["phase"], answer["outcome"]) == ("done", "graceful"), answer["drain"]
-    assert await _exit_codes(group) == [0] * len(group.pods)
+    assert await exit_codes(group) == [0] * len(group.pods)
     _assert_nothing_left(group)
     leader = await asyncio.to_thread(coordinators.leader.status)
     assert leader["drain"]["reason"].startswith("group: member 2 draining"), leader["drain"]
     wait_for(lambda: group_status(coordinators.leader)["summary"]["complete"],
              timeout=WAIT_S, what="the complete group summary")
-    _assert_group_summary(group_status(coordinators.leader)["summary"], group)
+    assert_group_summary(group_status(coordinators.leader)["summary"], group)
 
 
 def test_a_leader_drain_aborted_aborts_the_drains_it_started(

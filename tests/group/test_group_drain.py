@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any
 
 from devstack.sim.group.launcher import GroupHandle
-from devstack.sim.group.protocol import CAUSE_FINISHED
 from tests.group.rig import (
     WAIT_S,
     Coordinators,
+    assert_group_summary,
     drain_all,
-    sim_groups,  # noqa: F401 (a fixture)
+    exit_codes,
     start_coordinators,
     start_sim,
     summary_key,
@@ -43,32 +42,6 @@ def _leader_pod(group: GroupHandle, coordinators: Coordinators) -> Pod:
     return Pod(group.leader.engine, coordinators.leader)
 
 
-async def _exit_codes(group: GroupHandle) -> list[int]:
-    return [await asyncio.to_thread(pod.engine.proc.wait, WAIT_S) for pod in group.pods]
-
-
-def _assert_group_summary(summary: dict[str, Any], group: GroupHandle) -> None:
-    """The group summary lists every process of every pod once, each ended as its own
-    record says: every rank finished the group and exited 0, every pod's main exited 0."""
-    assert summary["complete"] is True, summary["pods"]
-    assert summary["outcome"] == "graceful", summary["pods"]
-    assert [p["mode"] for p in summary["pods"]] == ["group"] * len(group.pods)
-    listed = {(p["pod"], p["pid"]): p for p in summary["processes"]}
-    assert len(listed) == len(summary["processes"])
-    for pod in group.pods:
-        for pid in pod.pids():
-            entry = listed[(pod.node_rank, pid)]
-            assert entry["fate"] in ("exited", "gone"), entry
-            assert entry["exit_code"] == 0, entry
-    records = group.rank_records()
-    assert records.keys() == set(group.ranks())
-    for rank, record in records.items():
-        assert (record["exit_code"], record["cause"], record["cleanup"]) == (
-            0, CAUSE_FINISHED, "finished"), (rank, record)
-        pod = group.pod_of_rank(rank)
-        assert listed[(pod.node_rank, record["pid"])]["exit_code"] == record["exit_code"]
-
-
 async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[GroupHandle],
                               every_hook: bool, main_caller: bool = False) -> None:
     # No token: the reference router acknowledges handoffs without one (the peer calls'
@@ -91,13 +64,13 @@ async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[G
 
     broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
     assert not broken, broken
-    assert await _exit_codes(group) == [0] * len(group.pods)
+    assert await exit_codes(group) == [0] * len(group.pods)
     _assert_nothing_left(group)
     leader = answers[0]
     assert (leader["phase"], leader["outcome"]) == ("done", "graceful"), leader["drain"]
     assert leader["migration_counts"]["expired"] == 0
     assert leader["migration_counts"]["handed_back"] >= 1
-    _assert_group_summary(leader["group"]["summary"], group)
+    assert_group_summary(leader["group"]["summary"], group)
     for answer in answers[1:]:
         assert (answer["phase"], answer["outcome"]) == ("done", "graceful"), answer["drain"]
         assert summary_key(answer["group"]["summary"]) == summary_key(
@@ -111,7 +84,7 @@ async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[G
 
 
 async def test_a_group_deletion_drains_the_group_as_one(
-        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],  # noqa: F811
+        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],
 ) -> None:
     """1. Start a coordinator per pod (the leader's, then three followers' told of it) and
     wait until the followers are announced. 2. Start the group (a rank per pod, each pod's
@@ -127,7 +100,7 @@ async def test_a_group_deletion_drains_the_group_as_one(
 
 
 async def test_the_leaders_drain_alone_drains_the_group(
-        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],  # noqa: F811
+        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],
 ) -> None:
     """1-3. As above. 4. Call only the leader's GET /drain (the leader pod deleted, or an
     operator's drain). 5-7. As above: the followers follow the leader's drain, stop what is
@@ -137,7 +110,7 @@ async def test_the_leaders_drain_alone_drains_the_group(
 
 
 async def test_a_group_deletion_with_the_manifests_hook_hands_the_mains_to_the_kubelet(
-        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],  # noqa: F811
+        janitor: ProcessJanitor, tmp_path: Path, sim_groups: list[GroupHandle],
 ) -> None:
     """1-3. As above. 4. Call every coordinator's ``GET /drain?main=caller`` at once (the
     manifests' preStop hook); when a hook returns, SIGTERM the main processes it was left,
