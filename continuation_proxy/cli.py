@@ -1,8 +1,8 @@
 """``python -m continuation_proxy``: run the proxy.
 
     python -m continuation_proxy --upstream http://127.0.0.1:30000 \\
-        [--coordinator URL ...] [--token-file FILE] [--host 127.0.0.1] [--port 0] \\
-        [--ready-file FILE]
+        [--coordinator URL ...] [--coordinators-dns NAME:PORT ...] [--token-file FILE] \\
+        [--host 127.0.0.1] [--port 0] [--ready-file FILE]
 
 Once listening it writes ``{"pid", "port", "url"}`` to the ready file (atomically) and prints
 it on one line. SIGTERM or SIGINT stop it: it stops accepting, gives open streams
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,11 +26,14 @@ from types import FrameType
 import httpx
 import uvicorn
 
+from continuation_proxy import discovery
 from continuation_proxy.app import build_app
 from continuation_proxy.bodies import MAX_BODY_BYTES, Limits
 from router_client import ContinuingClient
 from router_client.continuation import MAX_CONTINUATIONS
 from router_client.upstream import READ_TIMEOUT_S
+
+DNS_INTERVAL_S = discovery.DNS_INTERVAL_S
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -48,6 +52,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the router (or engine) every request goes to")
     parser.add_argument("--coordinator", action="append", default=[], metavar="URL",
                         help="a coordinator to acknowledge handoffs to (repeatable)")
+    parser.add_argument("--coordinators-dns", action="append", default=[], metavar="NAME:PORT",
+                        type=_dns_name,
+                        help="acknowledge to every address of NAME (a headless Service of the "
+                        "pods' coordinators), looked up again every --dns-interval (repeatable)")
+    parser.add_argument("--dns-interval", type=float, default=DNS_INTERVAL_S, metavar="S",
+                        help=f"seconds between two lookups (default {DNS_INTERVAL_S:g})")
     parser.add_argument("--token-file", metavar="FILE",
                         help=f"the coordinators' bearer token (else ${TOKEN_ENV})")
     parser.add_argument("--host", default="127.0.0.1")
@@ -65,7 +75,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--upstream must be an http:// or https:// URL")
     if args.max_continuations < 0 or args.max_body_bytes <= 0:
         parser.error("--max-continuations must be >= 0 and --max-body-bytes > 0")
+    if not args.dns_interval > 0:
+        parser.error("--dns-interval must be > 0")
     return args
+
+
+def _dns_name(text: str) -> tuple[str, int]:
+    try:
+        return discovery.parse_name(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def read_token(path: str | None) -> str | None:
@@ -100,10 +119,17 @@ async def serve(args: argparse.Namespace) -> None:
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off",
                                            timeout_graceful_shutdown=args.shutdown_timeout))
     _stop_on_signals(server)
+    dns = (asyncio.get_running_loop().create_task(discovery.follow(
+        args.coordinators_dns, client.acks.discovered, args.dns_interval))
+        if args.coordinators_dns else None)
     _announce(url, args.ready_file)
     try:
         await server.serve(sockets=[sock])
     finally:
+        if dns is not None:
+            dns.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dns
         await client.aclose()
         await http.aclose()
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from router_client.watch import Watcher
 
@@ -27,6 +27,11 @@ FIND_WITHIN_S = 2.0
 """How long a handoff may take to be listed by its coordinator before it is acknowledged to
 every coordinator (s): far above a report's coalescing window and round trip, far below any
 drain's migration budget."""
+
+
+DISCOVERED_CONNECTIONS = 1024
+"""Connections to discovered coordinators at most (a long-poll and an ack call each): a
+fleet of a few hundred pods."""
 
 
 class HandoffAcks:
@@ -39,6 +44,8 @@ class HandoffAcks:
         # The Watcher maps worker URLs to coordinators; here each coordinator stands for
         # the workers nobody named, and acks go by request id alone.
         self._watcher = Watcher({u: u for u in urls}, token=token) if urls else None
+        self._named = frozenset(urls)
+        self._token = token
         self._started = False
         self._tasks: set[asyncio.Task[None]] = set()
         self.find_within_s = find_within_s
@@ -51,6 +58,26 @@ class HandoffAcks:
         if self._watcher is not None and not self._started:
             self._started = True
             self._watcher.start()
+
+    async def discovered(self, coordinators: Iterable[str]) -> None:
+        """Watch these coordinators besides the ones named at the start, and no longer the
+        ones a discovery found before but not now (their pods are gone): a headless
+        Service's addresses, say, as pods come and go."""
+        found = {c.rstrip("/") for c in coordinators}
+        if self._watcher is None:
+            if not found:
+                return
+            self._watcher = Watcher({}, token=self._token,
+                                    max_connections=DISCOVERED_CONNECTIONS)
+        self.start()  # following them from now on: a handoff is found as it is listed
+        for url in sorted(found - set(self._watcher.views)):
+            self._watcher.follow(url)
+        for url in set(self._watcher.views) - found - self._named:
+            await self._watcher.forget(url)
+
+    def followed(self) -> set[str]:
+        """The coordinators watched now."""
+        return set() if self._watcher is None else set(self._watcher.views)
 
     def ack_later(self, request_id: str) -> None:
         """Acknowledge ``request_id`` in the background."""

@@ -92,15 +92,19 @@ class Watcher:
         token: str | None = None,
         long_poll_s: float = LONG_POLL_S,
         http: httpx.AsyncClient | None = None,
+        max_connections: int | None = None,
     ) -> None:
+        """``max_connections``: to the coordinators in all (default: four per coordinator
+        named here, and eight more); set it when coordinators come and go (``follow``)."""
         self.workers = {_norm(w): _norm(c) for w, c in workers.items()}
         self.views = {c: CoordinatorView(c) for c in dict.fromkeys(self.workers.values())}
         self.long_poll_s = long_poll_s
         self._http = http or httpx.AsyncClient(
             headers=wire.bearer_header(token), timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
-            limits=httpx.Limits(max_connections=4 * len(self.views) + 8),
+            limits=httpx.Limits(max_connections=max_connections or 4 * len(self.views) + 8),
         )
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._running = False
         self._changed = asyncio.Condition()
         self._ack_batches: dict[str, list[tuple[list[str], asyncio.Future[list[str]]]]] = {}
         self._ack_flushes: set[asyncio.Task[None]] = set()
@@ -114,16 +118,41 @@ class Watcher:
 
     def start(self) -> None:
         """Start one long-poll task per coordinator (inside a running loop)."""
+        self._running = True
         for view in self.views.values():
-            self._tasks.append(asyncio.create_task(self._follow(view), name=f"watch {view.url}"))
+            self._start_following(view)
 
-    async def close(self) -> None:
-        for task in [*self._tasks, *self._ack_flushes]:
+    def follow(self, coordinator: str) -> None:
+        """Watch one more coordinator, known by URL only (no worker named: what it lists is
+        found by request id, as ``handed_back`` and ``ack`` do); a no-op for one watched."""
+        url = _norm(coordinator)
+        if url not in self.views:
+            self.views[url] = CoordinatorView(url)
+            if self._running:
+                self._start_following(self.views[url])
+
+    async def forget(self, coordinator: str) -> None:
+        """Stop watching a coordinator that no worker names (its pod is gone)."""
+        url = _norm(coordinator)
+        if url in self.workers.values() or url not in self.views:
+            return
+        del self.views[url]
+        task = self._tasks.pop(url, None)
+        if task is not None:
             task.cancel()
-        for task in self._ack_flushes:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
-        for task in self._tasks:
+
+    def _start_following(self, view: CoordinatorView) -> None:
+        if view.url not in self._tasks:
+            self._tasks[view.url] = asyncio.create_task(self._follow(view),
+                                                        name=f"watch {view.url}")
+
+    async def close(self) -> None:
+        self._running = False
+        for task in [*self._tasks.values(), *self._ack_flushes]:
+            task.cancel()
+        for task in [*self._ack_flushes, *self._tasks.values()]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()

@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+import pytest
 
 from devstack.sim import expected_tokens
 from tests.continuation.stack import start_proxy, start_round_robin
@@ -20,12 +22,15 @@ from tests.sim.openai_events import tokens_of
 from tests.support.processes import ProcessJanitor
 
 
+@pytest.mark.parametrize("told", ["by URL", "by DNS"])
 async def test_the_handoff_is_acknowledged_to_the_draining_pods_coordinator(
-    janitor: ProcessJanitor, start_sim: StartEngine, tmp_path: Path
+    janitor: ProcessJanitor, start_sim: StartEngine, tmp_path: Path, told: str
 ) -> None:
     """1. Pod A: a coordinator and an engine registered with it, holding its streams after
        4 tokens. Engine B without a coordinator. The round-robin router over both; the
-       proxy in front of it, told of A's coordinator (and of no pod).
+       proxy in front of it, told of A's coordinator (and of no pod): by its URL, or by a
+       name (``--coordinators-dns localhost:PORT``: every address of ``localhost``, of
+       which only 127.0.0.1 answers, as a headless Service lists pods that are gone).
     2. Stream a 20-token completion through the proxy; it goes to A; at its 4th token,
        drain pod A (POST /drain, wait=false): A's engine hands the stream back.
     3. The client gets exactly the engine's 20 tokens and [DONE] (B continued it).
@@ -36,7 +41,10 @@ async def test_the_handoff_is_acknowledged_to_the_draining_pods_coordinator(
     coordinator = pod.coordinator.url
     b = start_sim(schedulers=1, token_interval_ms=1)
     router = start_round_robin(janitor, tmp_path, [pod.engine.url, b.url])
-    proxy = start_proxy(janitor, tmp_path, router, "--coordinator", coordinator)
+    port = urlsplit(coordinator).port
+    proxy = start_proxy(janitor, tmp_path, router, *(
+        ["--coordinator", coordinator] if told == "by URL"
+        else ["--coordinators-dns", f"localhost:{port}", "--dns-interval", "0.2"]))
 
     async def drain(n: int) -> None:
         if n == HOLD:
