@@ -83,6 +83,10 @@ class EngineKnobs:
     collective_timeout_s: float = 30.0
     """How long a rank waits in a collective step for the others before it aborts, as
     NCCL's watchdog does (torch's default is 10 minutes; a test wants seconds)."""
+    rank0_sigterm_finishes: bool = True
+    """Rank 0's own SIGTERM finishes the group (every rank told to finish) before it exits.
+    False: it just leaves, as an SGLang scheduler does, and only the leader's main process
+    (its graceful SIGTERM, ``POST /internal/group/finish``) ends the group cleanly."""
 
     def __post_init__(self) -> None:
         if self.schedulers < 0 or self.dp < 0 or self.hold_after_tokens < 0:

@@ -176,6 +176,9 @@ class EngineMain:
         """Called once every child is up and watched, before HTTP serves (a subclass's hook:
         a multi-node leader connects to its rank 0 here)."""
 
+    async def before_stopping_children(self) -> None:
+        """Called on a graceful stop, once HTTP stopped, before the children get SIGTERM."""
+
     def extra_routes(self) -> list[BaseRoute]:
         """HTTP routes a subclass serves besides the engine's own."""
         return []
@@ -276,6 +279,8 @@ class EngineMain:
             self.server.should_exit = True
 
     async def _finish_graceful_shutdown(self) -> int:
+        # 0. What a subclass does first (a multi-node leader has rank 0 finish the group).
+        await self.before_stopping_children()
         # 1. Graceful signal to the direct children (the DP controller stops its own).
         pids = [c.pid for c in self.children]
         for pid in pids:

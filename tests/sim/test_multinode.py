@@ -221,15 +221,20 @@ def test_a_group_missing_a_pod_never_comes_up_and_says_who_is_missing(
         network.close()
 
 
+@pytest.mark.parametrize("rank0_finishes", [True, False],
+                         ids=["rank0-sigterm-finishes", "rank0-sigterm-leaves"])
 async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(
-    start_sim_group: StartGroup,
+    start_sim_group: StartGroup, rank0_finishes: bool,
 ) -> None:
-    """1. Start a group whose leader stops gracefully. 2. Mid-stream, SIGTERM the leader's
-    main process. 3. The stream is handed back with a correct prefix. 4. The leader hands
-    back, then stops its rank 0, which finishes the group before it exits: every pod's main
-    process exits 0, every rank finished its cleanup with exit 0 after the same steps, rank 0
-    heard every rank's bye. 5. Nothing is left in /proc or in the pods' namespaces."""
-    group = start_sim_group(graceful_main=True, teardown_s=0.1)
+    """1. Start a group whose leader stops gracefully (its rank 0 finishing the group on its
+    own SIGTERM, or, as an SGLang scheduler, just leaving). 2. Mid-stream, SIGTERM the
+    leader's main process. 3. The stream is handed back with a correct prefix. 4. The
+    leader hands back, has rank 0 finish the group (as SGLang's tokenizer sends
+    ShutdownReq), then stops what is left: every pod's main process exits 0, every rank
+    finished its cleanup with exit 0 after the same steps, rank 0 heard every rank's bye.
+    5. Nothing is left in /proc or in the pods' namespaces."""
+    group = start_sim_group(graceful_main=True, teardown_s=0.1,
+                            rank0_sigterm_finishes=rank0_finishes)
     async with httpx.AsyncClient(timeout=EXIT_TIMEOUT_S) as client:
 
         async def stop_after_three(n: int) -> None:
@@ -245,11 +250,33 @@ async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(
     records = group.rank_records()
     assert records.keys() == {0, 1, 2, 3}
     assert records[0]["finish"] == {"1": "bye", "2": "bye", "3": "bye"}
-    assert records[0]["signal"] == "SIGTERM"
     assert len({record["steps"] for record in records.values()}) == 1
     for rank, record in records.items():
         assert (record["exit_code"], record["cause"], record["cleanup"]) == (
             0, CAUSE_FINISHED, "finished"), rank
+    leader = group.leader.engine.record_of(group.leader.pid)
+    assert leader is not None
+    assert leader["group"]["finish"] == records[0]["finish"]
+    _assert_nothing_left(group)
+
+
+async def test_a_rank_zero_that_leaves_on_sigterm_breaks_the_group(
+    start_sim_group: StartGroup,
+) -> None:
+    """1. Start a group whose rank 0 leaves on SIGTERM, as an SGLang scheduler does.
+    2. SIGTERM rank 0 (a drain that stops the leader pod's children first). 3. Rank 0
+    leaves and exits 0; the leader's watchdog takes its front end down (-9). 4. Every other
+    rank loses rank 0, hangs, and aborts ("collective timed out", waiting for rank 0); the
+    followers exit EXIT_GROUP_BROKEN."""
+    group = start_sim_group(collective_timeout_s=SHORT_TIMEOUT_S, rank0_sigterm_finishes=False)
+    os.kill(group.ranks()[0], signal.SIGTERM)
+    assert await _exit_codes(group) == [-signal.SIGKILL] + [EXIT_GROUP_BROKEN] * (WORLD - 1)
+    records = group.rank_records()
+    assert (records[0]["exit_code"], records[0]["cause"]) == (0, CAUSE_LEFT)
+    for rank in (1, 2, 3):
+        assert (records[rank]["exit_code"], records[rank]["cause"]) == (
+            -signal.SIGABRT, CAUSE_TIMED_OUT), rank
+        assert records[rank]["hung"]["waiting_for"] == [0]
     _assert_nothing_left(group)
 
 

@@ -271,6 +271,16 @@ class Root(Collective):
         return answers
 
 
+    def leave(self) -> None:
+        """Leave on this rank's own SIGTERM without finishing the group (an SGLang
+        scheduler's way): every connection closes, so every other rank hangs, then aborts."""
+        for channel in (*self.members.values(), *self._newcomers, self.driver):
+            if channel is not None:
+                channel.close()
+        self.listener.close()
+        self.record.update(cause=CAUSE_LEFT, steps=self.steps)
+
+
 def _bye(channel: Channel, deadline: float) -> str:
     """How a rank told to finish answered: ``bye``, ``gone`` or ``no answer``."""
     try:

@@ -14,9 +14,9 @@ It is ``EngineMain`` (HTTP, streams, hand-back, the child watchdog, SIGTERM hand
   (every request is handed back at once) until its own SIGTERM. ``GET /internal/group``
   shows the stepper's state.
 
-On a graceful SIGTERM (``--graceful-main``) the ordinary path is already safe for the group:
-streams are handed back first, then rank 0 gets SIGTERM and finishes the group before it
-exits.
+On a graceful SIGTERM (``--graceful-main``) the ordinary path is made safe for the group:
+streams are handed back first, then rank 0 finishes the group (``before_stopping_children``,
+as SGLang's tokenizer sends ``ShutdownReq``), then the children that are left get SIGTERM.
 """
 
 from __future__ import annotations
@@ -56,6 +56,12 @@ class GroupLeader(EngineMain):
             self._kill_tree_and_self(f"could not reach rank 0 at {host}:{port}: {exc}")
         self.streams.step_gate = self.stepper.step
         self.record.update(node_rank=0, world_size=world_size(self.knobs))
+
+    async def before_stopping_children(self) -> None:
+        # The graceful stop handed every stream back and stood the watchdog down already;
+        # now rank 0 ends the group, as SGLang's tokenizer sends ShutdownReq before it
+        # stops its schedulers. Then the base class SIGTERMs what is left.
+        self.record.update(group=await self.stepper.finish())
 
     def extra_routes(self) -> list[BaseRoute]:
         async def group(request: Request) -> Response:

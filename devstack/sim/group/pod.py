@@ -60,6 +60,8 @@ def rank_specs(knobs: EngineKnobs, record_dir: Path) -> list[ChildSpec]:
         "--collective-timeout-s", str(knobs.collective_timeout_s),
         "--startup-deadline", str(time.monotonic() + knobs.startup_timeout_s * RANK_STARTUP_SHARE),
     ]  # fmt: skip
+    if not knobs.rank0_sigterm_finishes:
+        group.append("--leave-on-sigterm")
     if knobs.coordinator:
         group += ["--coordinator", knobs.coordinator,
                   "--coordinator-token-file", knobs.coordinator_token_file]

@@ -14,8 +14,9 @@ SIGTERM with its cleanup (``devstack.sim.child``); on top of that:
 3. While serving it takes part in every step rank 0 issues; a step that cannot complete
    makes it hang, then abort (``collective timed out``).
 4. It ends when the group finishes (rank 0 says so: ``cause: "finished"``), or on its own
-   SIGTERM. Rank 0's SIGTERM finishes the group first; any other rank's just leaves it
-   (``cause: "left on SIGTERM"``), which breaks the group if rank 0 issues another step.
+   SIGTERM. Rank 0's SIGTERM finishes the group first (unless ``--leave-on-sigterm``); any
+   other rank's just leaves it (``cause: "left on SIGTERM"``), which breaks the group if
+   rank 0 issues another step.
 
 Its record adds ``world_size``, ``node_rank``, ``steps`` (completed), ``cause``, ``hung``
 (``{"step", "waiting_for", "why", "since"}`` once a step could not complete) and, for rank 0,
@@ -60,6 +61,8 @@ class Rank(ChildProcess):
         parser.add_argument("--collective-timeout-s", type=float, default=30.0)
         parser.add_argument("--startup-deadline", type=float, required=True,
                             help="time.monotonic() by which the group must be formed")
+        parser.add_argument("--leave-on-sigterm", action="store_true",
+                            help="rank 0 too leaves on SIGTERM instead of finishing the group")
         parser.add_argument("--coordinator", default="")
         parser.add_argument("--coordinator-token-file", default="")
 
@@ -95,12 +98,13 @@ class Rank(ChildProcess):
         return self.collective is None or not self.collective.finished
 
     def shut_down_own_processes(self) -> None:
-        # Rank 0 on SIGTERM finishes the group before its own teardown; any other rank on
-        # SIGTERM just leaves (what the group then does is the group's problem).
+        # Rank 0 on SIGTERM finishes the group before its own teardown (unless told to
+        # leave like the others); any other rank on SIGTERM just leaves (what the group then
+        # does is the group's problem).
         collective = self.collective
         if collective is None or collective.finished:
             return
-        if isinstance(collective, Root):
+        if isinstance(collective, Root) and not self.args.leave_on_sigterm:
             collective.finish()
         else:
             collective.leave()
