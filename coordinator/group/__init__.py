@@ -20,7 +20,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from coordinator.group.membership import GroupSettingError, Membership, membership
+    from coordinator.group.membership import GroupSettingError, Membership
     from coordinator.group.node import ControllerHost, GroupNode
 
 _WHERE = {
@@ -28,12 +28,12 @@ _WHERE = {
     "GroupNode": "coordinator.group.node",
     "GroupSettingError": "coordinator.group.membership",
     "Membership": "coordinator.group.membership",
-    "membership": "coordinator.group.membership",
 }
-"""Imported when first used: the settings read ``membership`` alone, and the command line's
-``drain`` (a preStop hook's path) must not load httpx through the node."""
+"""Imported when first used: the settings read ``coordinator.group.membership`` alone, and the
+command line's ``drain`` (a preStop hook's path) must not load httpx through the node. (The
+function ``membership.membership`` is not re-exported: it shares its module's name.)"""
 
-__all__ = ["ControllerHost", "GroupNode", "GroupSettingError", "Membership", "membership"]
+__all__ = ["ControllerHost", "GroupNode", "GroupSettingError", "Membership"]
 
 
 def __getattr__(name: str) -> Any:

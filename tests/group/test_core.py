@@ -196,3 +196,15 @@ def test_a_group_record_a_node_can_restore_passes() -> None:
     check_record({"index": 1, "state": "draining", "mode": "group", "reason": None})
     check_record({"index": 0, "members": [{"index": 1, "url": None, "announced_at": 1.0,
                                            "report": None}]})
+
+
+def test_the_package_exports_what_its_all_names() -> None:
+    """Every name of ``coordinator.group.__all__`` resolves to what its module defines."""
+    import coordinator.group as group
+    from coordinator.group import membership as membership_module
+    from coordinator.group import node
+
+    assert sorted(group.__all__) == ["ControllerHost", "GroupNode", "GroupSettingError",
+                                     "Membership"]
+    assert group.GroupNode is node.GroupNode
+    assert group.Membership is membership_module.Membership

@@ -10,6 +10,7 @@ import asyncio
 import json
 import signal
 import socket
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +50,38 @@ def _closed_port() -> int:
 def _drain(running: Running, **body: Any) -> httpx.Response:
     with running.client(timeout=WAIT_S) as client:
         return client.post("/drain", json=body)
+
+
+@dataclass
+class HeldDrain:
+    """A leader's drain held in migrating, its follower following with its kill held."""
+
+    holder: dict[str, Any]
+    """The leader's worker, a request in flight: the leader's drain waits for it."""
+    holder_id: str
+    tree: dict[str, Any]
+    """The follower's registered tree."""
+
+    def release(self, leader: Running) -> None:
+        """The leader's worker reports nothing in flight: the leader's drain goes on."""
+        with leader.client() as client:
+            client.post(f"/workers/{self.holder_id}/report",
+                        json={"inflight": 0}).raise_for_status()
+
+
+def _hold_a_group_drain(janitor: ProcessJanitor, tmp: Path, leader: Running,
+                        follower: Running, *, children: int = 2) -> HeldDrain:
+    """1. Register a worker with a request in flight at the leader and a tree (``children``)
+    at the follower. 2. Drain the leader without waiting. 3. Wait until the follower follows
+    it, its kill held (``draining``)."""
+    holder = start_tree(janitor, tmp, children=0, tag="holder")
+    holder_id = hold_drains(leader, holder["pid"])
+    tree = start_tree(janitor, tmp, children=children)
+    register(follower, tree["pid"])
+    assert _drain(leader, wait=False).status_code == 202
+    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
+             what="the follower following the leader's drain")
+    return HeldDrain(holder, holder_id, tree)
 
 
 def _assert_tree_ended(tree: dict[str, Any], summary: dict[str, Any]) -> None:
@@ -132,13 +165,8 @@ def test_a_leader_lost_mid_drain_leaves_its_followers_to_drain_alone(
                                       follower_args=LEADER_TIMEOUT)
     leader, follower = coordinators.all
     wait_announced(coordinators)
-    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
-    hold_drains(leader, holder["pid"])
-    tree = start_tree(janitor, tmp_path)
-    register(follower, tree["pid"])
-    assert _drain(leader, wait=False).status_code == 202
-    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
-             what="the follower following the leader's drain")
+    held = _hold_a_group_drain(janitor, tmp_path, leader, follower)
+    holder, tree = held.holder, held.tree
     assert follower.status()["phase"] in ("draining", "migrating")
     leader.proc.send_signal(signal.SIGKILL)
     leader.proc.wait(timeout=WAIT_S)
@@ -167,11 +195,8 @@ def test_a_follower_restarted_mid_group_drain_resumes_it(
                                       follower_args=follower_args)
     leader, follower = coordinators.all
     wait_announced(coordinators)
-    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
-    holder_id = hold_drains(leader, holder["pid"])
-    tree = start_tree(janitor, tmp_path)
-    register(follower, tree["pid"])
-    assert _drain(leader, wait=False).status_code == 202
+    held = _hold_a_group_drain(janitor, tmp_path, leader, follower)
+    tree = held.tree
 
     def held_on_disk() -> bool:
         document = json.loads(state.read_text()) if state.exists() else {}
@@ -190,8 +215,7 @@ def test_a_follower_restarted_mid_group_drain_resumes_it(
     assert status["group"]["state"] == "draining"
     assert alive(tree["pid"])
 
-    with leader.client() as client:
-        client.post(f"/workers/{holder_id}/report", json={"inflight": 0}).raise_for_status()
+    held.release(leader)
     with again.client(timeout=WAIT_S) as client:
         summary = client.get("/drain").json()
     assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
@@ -201,7 +225,7 @@ def test_a_follower_restarted_mid_group_drain_resumes_it(
              what="the leader's complete group summary")
     merged = group_status(leader)["summary"]
     assert {p["pid"] for p in merged["processes"] if p["pod"] == 1} >= set(tree["all"])
-    assert {p["pid"] for p in merged["processes"] if p["pod"] == 0} >= {holder["pid"]}
+    assert {p["pid"] for p in merged["processes"] if p["pod"] == 0} >= {held.holder["pid"]}
 
 
 async def test_one_follower_pod_deleted_alone_drains_the_whole_group(
@@ -237,13 +261,8 @@ def test_a_leader_drain_aborted_aborts_the_drains_it_started(
     coordinators = start_coordinators(janitor, tmp_path, 2)
     leader, follower = coordinators.all
     wait_announced(coordinators)
-    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
-    hold_drains(leader, holder["pid"])
-    tree = start_tree(janitor, tmp_path, children=0)
-    register(follower, tree["pid"])
-    assert _drain(leader, wait=False).status_code == 202
-    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
-             what="the follower following the leader's drain")
+    held = _hold_a_group_drain(janitor, tmp_path, leader, follower, children=0)
+    holder, tree = held.holder, held.tree
     assert httpx.get(f"{follower.url}/readyz").status_code == 503
     with leader.client() as client:
         assert client.delete("/drain").status_code == 200
@@ -278,13 +297,8 @@ def test_a_leader_restarted_mid_group_drain_resumes_it_with_its_members(
                                  "--group-leader-timeout", "60", token=TOKEN, name="follower")
     wait_for(lambda: [m["index"] for m in group_status(leader)["members"]] == [1],
              timeout=WAIT_S, what="the follower announced")
-    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
-    holder_id = hold_drains(leader, holder["pid"])
-    tree = start_tree(janitor, tmp_path)
-    register(follower, tree["pid"])
-    assert _drain(leader, wait=False).status_code == 202
-    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
-             what="the follower following the leader's drain")
+    held = _hold_a_group_drain(janitor, tmp_path, leader, follower)
+    tree = held.tree
 
     def members_on_disk() -> bool:
         document = json.loads(state.read_text()) if state.exists() else {}
@@ -301,8 +315,8 @@ def test_a_leader_restarted_mid_group_drain_resumes_it_with_its_members(
     assert status["phase"] == "migrating"
     assert [m["index"] for m in status["group"]["members"]] == [1]
 
+    held.release(again)
     with again.client() as client:
-        client.post(f"/workers/{holder_id}/report", json={"inflight": 0}).raise_for_status()
         summary = client.get("/drain", timeout=WAIT_S).json()
     assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
     merged = summary["group"]["summary"]
@@ -322,13 +336,8 @@ def test_a_force_drain_of_a_follower_waits_for_nobody(
     coordinators = start_coordinators(janitor, tmp_path, 2)
     leader, follower = coordinators.all
     wait_announced(coordinators)
-    holder = start_tree(janitor, tmp_path, children=0, tag="holder")
-    hold_drains(leader, holder["pid"])
-    tree = start_tree(janitor, tmp_path)
-    register(follower, tree["pid"])
-    assert _drain(leader, wait=False).status_code == 202
-    wait_for(lambda: group_status(follower)["state"] == "draining", timeout=WAIT_S,
-             what="the follower following the leader's drain")
+    held = _hold_a_group_drain(janitor, tmp_path, leader, follower)
+    holder, tree = held.holder, held.tree
     assert _drain(follower, force=True, wait=False).status_code == 202
     wait_for(lambda: follower.status()["phase"] == "done", timeout=WAIT_S,
              what="the follower's force drain done")
