@@ -84,6 +84,18 @@ def _hold_a_group_drain(janitor: ProcessJanitor, tmp: Path, leader: Running,
     return HeldDrain(holder, holder_id, tree)
 
 
+def _assert_drained_alone(follower: Running, tree: dict[str, Any]) -> dict[str, Any]:
+    """The follower's preStop hook (GET /drain) answers a graceful drain of its own pod,
+    ``local``, with the leader unreachable as the reason, its tree ended."""
+    with follower.client(timeout=WAIT_S) as client:
+        summary: dict[str, Any] = client.get("/drain").json()
+    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
+    assert summary["group"]["mode"] == "local"
+    assert "could not be reached" in summary["group"]["reason"]
+    _assert_tree_ended(tree, summary)
+    return summary
+
+
 def _assert_tree_ended(tree: dict[str, Any], summary: dict[str, Any]) -> None:
     listed = {p["pid"]: p for p in summary["processes"]}
     assert set(tree["all"]) <= set(listed)
@@ -102,14 +114,9 @@ def test_a_follower_that_cannot_reach_its_leader_drains_alone_and_says_so(
         f"http://127.0.0.1:{_closed_port()}", *LEADER_TIMEOUT, token=TOKEN, name="follower")
     tree = start_tree(janitor, tmp_path)
     register(follower, tree["pid"])
-    with follower.client(timeout=WAIT_S) as client:
-        summary = client.get("/drain").json()
-    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
-    group = summary["group"]
-    assert (group["mode"], group["state"]) == ("local", "local")
-    assert "could not be reached" in group["reason"]
+    group = _assert_drained_alone(follower, tree)["group"]
+    assert group["state"] == "local"
     assert group["leader"]["reachable"] is False
-    _assert_tree_ended(tree, summary)
 
 
 def test_a_follower_whose_leader_is_silent_drains_alone(
@@ -127,12 +134,7 @@ def test_a_follower_whose_leader_is_silent_drains_alone(
             name="follower")
         tree = start_tree(janitor, tmp_path)
         register(follower, tree["pid"])
-        with follower.client(timeout=WAIT_S) as client:
-            summary = client.get("/drain").json()
-    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
-    assert summary["group"]["mode"] == "local"
-    assert "could not be reached" in summary["group"]["reason"]
-    _assert_tree_ended(tree, summary)
+        _assert_drained_alone(follower, tree)
 
 
 def test_a_follower_whose_token_the_leader_refuses_drains_alone(
@@ -170,12 +172,7 @@ def test_a_leader_lost_mid_drain_leaves_its_followers_to_drain_alone(
     assert follower.status()["phase"] in ("draining", "migrating")
     leader.proc.send_signal(signal.SIGKILL)
     leader.proc.wait(timeout=WAIT_S)
-    with follower.client(timeout=WAIT_S) as client:
-        summary = client.get("/drain").json()
-    assert (summary["phase"], summary["outcome"]) == ("done", "graceful"), summary["drain"]
-    assert summary["group"]["mode"] == "local"
-    assert "could not be reached" in summary["group"]["reason"]
-    _assert_tree_ended(tree, summary)
+    _assert_drained_alone(follower, tree)
     janitor.service(holder["pid"], exit_code=0)  # the leader's engine: nobody drained it
 
 
