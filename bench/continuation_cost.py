@@ -150,17 +150,9 @@ class Side:
 
 
 def start_proxy(stack: LocalStack, upstream: str) -> tuple[str, int]:
-    """``python -m continuation_proxy`` in front of ``upstream``; its URL and pid."""
-    ready = stack.workdir / "proxy.json"
-    stack.spawn([sys.executable, "-m", "continuation_proxy", "--upstream", upstream,
-                 "--port", "0", "--ready-file", str(ready)], "proxy.log")
-    deadline = time.monotonic() + 30
-    while not ready.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the continuation proxy did not start: see proxy.log")
-        time.sleep(0.02)
-    info = json.loads(ready.read_text())
-    return str(info["url"]), int(info["pid"])
+    """The continuation proxy in front of ``upstream``; its URL and pid (its ready file)."""
+    url = stack.start_continuation_proxy(upstream)
+    return url, int(json.loads((stack.workdir / "proxy.json").read_text())["pid"])
 
 
 def report(direct: Side, proxy: Side, args: argparse.Namespace) -> str:

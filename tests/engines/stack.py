@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from devstack.routers import free_port, log_tail
 from tests.service.servers import Running
 from tests.service.servers import start_coordinator as start_service
 from tests.support.processes import ProcessJanitor, wait_for
@@ -47,21 +47,6 @@ def engine_python(engine: str) -> Path:
     if not (ENGINES / engine / ".installed").exists():
         pytest.skip(f"{engine} is not installed: run scripts/engines.sh {engine}")
     return python
-
-
-def free_port() -> int:
-    """A port that was free a moment ago (for engines that cannot report a port 0 bind)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def log_tail(path: Path, lines: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 def http_ok(url: str) -> bool:
