@@ -16,7 +16,10 @@ pod, and each strategy's p50 and p99 against the adapter's.
 
 The adapter's goal is ≤ 50 ms at p99. The second measure (``bench/routers_continuation.py``):
 requests lost and tokens duplicated or missing while pods drain behind each router, with the
-continuation proxy in front of it and without (goal: 0 and 0 with it).
+continuation proxy in front of it and without (goal: 0 and 0 with it). The third
+(``bench/continuation_cost.py``, ``--cost-streams``): the continuation layer's cost at 64
+streams against the router directly: added time to first token and p99 inter-token latency
+(goal ≤ 1 ms), throughput ratio (goal ≥ 0.95), the proxy's CPU per 1,000 tokens.
 
 Every process this script starts is ended by it (``LocalStack.close()``: SIGTERM by PID in
 order, SIGKILL for stragglers).
@@ -37,6 +40,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import continuation_cost  # noqa: E402
 from bench.drain_rig import pct  # noqa: E402
 from bench.routers_continuation import SIDES, Damage, damage_table, measure_damage  # noqa: E402
 from bench.routers_rig import (  # noqa: E402
@@ -70,6 +74,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="drains per router with and without the continuation proxy, "
                         "for the second measure (0: skip it)")
     parser.add_argument("--clients", type=int, default=16, help="streams at a time")
+    parser.add_argument("--cost-streams", type=int, default=64,
+                        help="streams of the third measure, the continuation layer's cost "
+                        "(bench/continuation_cost.py) through the first router; 0: skip it")
+    parser.add_argument("--cost-seconds", type=float, default=15.0,
+                        help="seconds of each of its phases")
     parser.add_argument("--pods", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1, help="of the simulated endpoint delay")
     parser.add_argument("--keep", action="store_true", help="keep the logs and records")
@@ -174,23 +183,31 @@ async def main_async(args: argparse.Namespace, workdir: Path) -> int:
     met = all(w <= GOAL_P99_MS for w in worst)
     print(f"\nadapter p99 {' / '.join(f'{w:.1f}' for w in worst)} ms: goal ≤ {GOAL_P99_MS:.0f} "
           f"ms {'met' if met else 'NOT met'}")
-    if args.continuation_drains <= 0:
-        return 0
-    damage: list[Damage] = []
-    for kind in args.routers:
-        for with_proxy in (False, True):
-            name = f"{kind}-damage-{SIDES[with_proxy]}"
-            (workdir / name).mkdir()
-            damage.append(await measure_damage(kind, with_proxy, args.continuation_drains,
-                                               args.clients, workdir / name))
-            print(f"  {kind:<11} {SIDES[with_proxy]} the proxy: {damage[-1]}", flush=True)
-    print()
-    print("\n".join(damage_table(damage)))
-    proxied = [d for d in damage if d.side == "with"]
-    zero = all(d.lost == 0 and d.duplicated == 0 for d in proxied)
-    print(f"\nwith the continuation proxy: {sum(d.lost for d in proxied)} lost, "
-          f"{sum(d.duplicated for d in proxied)} tokens duplicated: goal 0 and 0 "
-          f"{'met' if zero else 'NOT met'}")
+    if args.continuation_drains > 0:
+        damage: list[Damage] = []
+        for kind in args.routers:
+            for with_proxy in (False, True):
+                name = f"{kind}-damage-{SIDES[with_proxy]}"
+                (workdir / name).mkdir()
+                damage.append(await measure_damage(kind, with_proxy, args.continuation_drains,
+                                                   args.clients, workdir / name))
+                print(f"  {kind:<11} {SIDES[with_proxy]} the proxy: {damage[-1]}", flush=True)
+        print()
+        print("\n".join(damage_table(damage)))
+        proxied = [d for d in damage if d.side == "with"]
+        zero = all(d.lost == 0 and d.duplicated == 0 for d in proxied)
+        print(f"\nwith the continuation proxy: {sum(d.lost for d in proxied)} lost, "
+              f"{sum(d.duplicated for d in proxied)} tokens duplicated: goal 0 and 0 "
+              f"{'met' if zero else 'NOT met'}")
+    if args.cost_streams > 0:
+        # The third measure: what the continuation layer costs against the router directly.
+        cost_args = continuation_cost.parse_args(
+            ["--router", args.routers[0], "--streams", str(args.cost_streams),
+             "--seconds", str(args.cost_seconds)])
+        (workdir / "cost").mkdir()
+        direct, proxy = await continuation_cost.measure(cost_args, workdir / "cost")
+        print()
+        print(continuation_cost.report(direct, proxy, cost_args))
     return 0
 
 
