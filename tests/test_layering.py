@@ -29,7 +29,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PRODUCT = ("coordinator", "worker_client", "router_client", "shutdown_wire")
+PRODUCT = ("coordinator", "worker_client", "router_client", "shutdown_wire",
+           "continuation_proxy")
 CLIENTS = ("worker_client", "router_client", "shutdown_wire")
 """What engines and routers import: the two clients and the wire module they share."""
 DEMO_STACK = "devstack"
@@ -92,9 +93,18 @@ def _violations(packages: tuple[str, ...], banned: tuple[str, ...]) -> list[str]
 
 
 def test_the_product_never_imports_the_demo_stack() -> None:
-    """1. Parse every module of coordinator, worker_client, router_client and shutdown_wire.
+    """1. Parse every module of coordinator, worker_client, router_client, shutdown_wire and
+       continuation_proxy.
     2. None imports devstack, in any form, at any depth."""
     assert not _violations(PRODUCT, (DEMO_STACK,))
+
+
+def test_the_proxy_imports_nothing_of_the_service_or_the_engine_side() -> None:
+    """1. Parse every module of continuation_proxy.
+    2. None imports coordinator, devstack or worker_client: it runs next to a router, with
+       router_client and its web framework only."""
+    assert not _violations(("continuation_proxy",),
+                           ("coordinator", "devstack", "worker_client"))
 
 
 def test_the_clients_import_nothing_of_the_service() -> None:
