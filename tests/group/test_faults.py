@@ -32,7 +32,7 @@ from tests.group.rig import (
 from tests.kill.helpers import alive
 from tests.service.servers import Running, hold_drains, register, start_coordinator
 from tests.service.trees import start_tree
-from tests.sim.test_multinode import _assert_nothing_left
+from tests.sim.support import assert_nothing_left
 from tests.support.processes import ProcessJanitor, wait_for
 
 LEADER_TIMEOUT = ("--group-leader-timeout", "1")
@@ -241,7 +241,7 @@ async def test_one_follower_pod_deleted_alone_drains_the_whole_group(
     (answer,) = await drain_all([coordinators.all[2].url])
     assert (answer["phase"], answer["outcome"]) == ("done", "graceful"), answer["drain"]
     assert await exit_codes(group) == [0] * len(group.pods)
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
     leader = await asyncio.to_thread(coordinators.leader.status)
     assert leader["drain"]["reason"].startswith("group: member 2 draining"), leader["drain"]
     wait_for(lambda: group_status(coordinators.leader)["summary"]["complete"],

@@ -21,7 +21,7 @@ from tests.group.rig import (
     wait_announced,
 )
 from tests.migration.stack import Load, Pod, start_pod, start_router
-from tests.sim.test_multinode import _assert_nothing_left
+from tests.sim.support import assert_nothing_left
 from tests.support.processes import ProcessJanitor
 
 STREAMS = 8
@@ -65,7 +65,7 @@ async def _drained_under_load(janitor: ProcessJanitor, tmp: Path, groups: list[G
     broken = [(s.prompt, len(s.tokens), s.error) for s in streams if not s.exact]
     assert not broken, broken
     assert await exit_codes(group) == [0] * len(group.pods)
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
     leader = answers[0]
     assert (leader["phase"], leader["outcome"]) == ("done", "graceful"), leader["drain"]
     assert leader["migration_counts"]["expired"] == 0

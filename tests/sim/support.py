@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
 
 from devstack.sim import EngineHandle
+from devstack.sim.group import GroupHandle
 from tests.support.processes import wait_for
 
 
@@ -70,3 +73,16 @@ async def read_events(
         if on_token is not None:
             await on_token(len(tokens))
     return tokens, last
+
+
+def assert_nothing_left(group: GroupHandle) -> None:
+    """No process of any pod is in /proc (each was reaped by its parent), and no process is
+    left in any pod's network namespace."""
+    pids = {pid for pod in group.pods for pid in pod.pids()}
+    assert pids >= set(group.ranks().values())
+    assert [pid for pid in sorted(pids) if Path(f"/proc/{pid}").exists()] == []
+    for pod in group.pods:
+        if pod.place.netns:
+            inside = subprocess.run(["ip", "netns", "pids", pod.place.netns], check=True,
+                                    capture_output=True, text=True).stdout
+            assert inside.split() == []

@@ -39,7 +39,7 @@ from devstack.sim.group.pod import EXIT_GROUP_BROKEN
 from devstack.sim.group.protocol import CAUSE_FINISHED, CAUSE_LEFT, CAUSE_TIMED_OUT
 from devstack.sim.records import read_records
 from devstack.sim.roles import EXIT_STARTUP_FAILED
-from tests.sim.support import read_events
+from tests.sim.support import assert_nothing_left, read_events
 from tests.support.processes import ProcessJanitor
 
 StartGroup = Callable[..., GroupHandle]
@@ -96,19 +96,6 @@ async def _exit_codes(group: GroupHandle) -> list[int]:
 def _environ(pid: int) -> dict[str, str]:
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     return dict(item.split("=", 1) for item in raw.decode().split("\0") if "=" in item)
-
-
-def _assert_nothing_left(group: GroupHandle) -> None:
-    """No process of any pod is in /proc (each was reaped by its parent), and no process is
-    left in any pod's network namespace."""
-    pids = {pid for pod in group.pods for pid in pod.pids()}
-    assert pids >= set(group.ranks().values())
-    assert [pid for pid in sorted(pids) if Path(f"/proc/{pid}").exists()] == []
-    for pod in group.pods:
-        if pod.place.netns:
-            inside = subprocess.run(["ip", "netns", "pids", pod.place.netns], check=True,
-                                    capture_output=True, text=True).stdout
-            assert inside.split() == []
 
 
 @pytest.mark.parametrize(("size", "ranks", "network"), [
@@ -168,7 +155,7 @@ async def test_a_group_serves_streams_each_token_a_step_of_every_rank(
             0, CAUSE_FINISHED, "finished"), rank
         assert record["steps"] == finished["steps"], rank
         assert record["hung"] is None
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
 
 
 def test_a_sidecar_beside_a_pod_shares_its_network_and_environment(
@@ -257,7 +244,7 @@ async def test_sigterm_to_the_leader_stops_the_group_in_a_safe_order(
     leader = group.leader.engine.record_of(group.leader.pid)
     assert leader is not None
     assert leader["group"]["finish"] == records[0]["finish"]
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
 
 
 async def test_a_rank_zero_that_leaves_on_sigterm_breaks_the_group(
@@ -277,7 +264,7 @@ async def test_a_rank_zero_that_leaves_on_sigterm_breaks_the_group(
         assert (records[rank]["exit_code"], records[rank]["cause"]) == (
             -signal.SIGABRT, CAUSE_TIMED_OUT), rank
         assert records[rank]["hung"]["waiting_for"] == [0]
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
 
 
 @pytest.mark.parametrize(("victim", "signum"), [
@@ -332,7 +319,7 @@ async def test_a_follower_rank_gone_mid_stream_makes_the_others_hang_then_crash(
     leader = group.leader.engine.record_of(group.leader.pid)
     assert leader is not None
     assert leader["detail"].startswith("watchdog: scheduler")
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
 
 
 async def test_a_follower_rank_that_stops_answering_makes_the_others_time_out(
@@ -369,4 +356,4 @@ async def test_a_follower_rank_that_stops_answering_makes_the_others_time_out(
     record = group.rank_records()[3]
     assert (record["exit_code"], record["cause"]) == (-signal.SIGABRT, CAUSE_TIMED_OUT)
     assert record["hung"]["waiting_for"] == [0]
-    _assert_nothing_left(group)
+    assert_nothing_left(group)

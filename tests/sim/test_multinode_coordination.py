@@ -17,13 +17,12 @@ from devstack.sim.group.pod import EXIT_GROUP_BROKEN
 from devstack.sim.group.protocol import CAUSE_LEFT, CAUSE_TIMED_OUT
 from devstack.sim.group.rank import RANK_ROLE
 from tests.service.servers import FAST, Running, start_coordinator
-from tests.sim.support import read_events
+from tests.sim.support import assert_nothing_left, read_events
 from tests.sim.test_multinode import (  # noqa: F401 (a fixture)
     EXIT_TIMEOUT_S,
     SHORT_TIMEOUT_S,
     WORLD,
     StartGroup,
-    _assert_nothing_left,
     start_sim_group,
 )
 from tests.support.processes import ProcessJanitor, wait_for
@@ -92,7 +91,7 @@ async def test_a_drain_of_one_follower_pod_alone_is_clean_there_and_breaks_the_g
     for rank in (0, 1, 3):
         assert (records[rank]["exit_code"], records[rank]["cause"]) == (
             -signal.SIGABRT, CAUSE_TIMED_OUT), rank
-    _assert_nothing_left(group)
+    assert_nothing_left(group)
 
 
 async def _stream(client: httpx.AsyncClient, url: str, on_token: Any) -> None:
