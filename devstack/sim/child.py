@@ -28,7 +28,7 @@ from devstack.sim.daemonize import start_daemon
 from devstack.sim.linux import set_parent_death_signal
 from devstack.sim.records import RecordWriter
 from devstack.sim.roles import EXIT_OK, EXIT_PARENT_GONE, Role, knob_matches
-from devstack.sim.signals import SignalLatch
+from devstack.sim.signals import SignalLatch, ignore_stop_signals
 from devstack.sim.spawn import ChildSpec, StartedChild, report_ready, spawn_children
 
 HELPER_STARTUP_TIMEOUT_S = 30.0
@@ -160,6 +160,7 @@ class ChildProcess:
         for signum in self.latch.take():
             self.record.signalled(signum)
         self.record.ended(EXIT_OK)
+        ignore_stop_signals()
         return EXIT_OK
 
     def shut_down_own_processes(self) -> None:

@@ -54,3 +54,13 @@ class SignalLatch:
                 pass
         except BlockingIOError:
             pass
+
+
+def ignore_stop_signals() -> None:
+    """Ignore SIGTERM and SIGINT from here on: the exit code is decided. Python puts the
+    default action back for every signal it handled when it shuts down, so a SIGTERM then (a
+    coordinator's, sent just as the process leaves on its own) would end it by the signal
+    instead of with its code. An ignored signal is left alone (and masking it would not do:
+    the client's threads could still take it)."""
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_IGN)

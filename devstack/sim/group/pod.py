@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from devstack.sim.errors import SimStartupError
-from devstack.sim.group.rank import ignore_stop_signals, register
+from devstack.sim.group.rank import register
 from devstack.sim.knobs import EngineKnobs
 from devstack.sim.linux import open_pidfd, send_signal
 from devstack.sim.main_process import common_child_args
 from devstack.sim.records import CLEANUP_INTERRUPTED, RecordWriter, write_json_atomically
 from devstack.sim.roles import EXIT_OK, EXIT_STARTUP_FAILED, Role
-from devstack.sim.signals import SignalLatch
+from devstack.sim.signals import SignalLatch, ignore_stop_signals
 from devstack.sim.spawn import ChildSpec, StartedChild, spawn_children
 
 EXIT_GROUP_BROKEN = 6

@@ -26,7 +26,6 @@ Its record adds ``world_size``, ``node_rank``, ``steps`` (completed), ``cause``,
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from devstack.sim.group.collective import Member, Place, Root
 from devstack.sim.group.protocol import listen
 from devstack.sim.records import CLEANUP_INTERRUPTED, RecordWriter
 from devstack.sim.roles import EXIT_STARTUP_FAILED, Role
+from devstack.sim.signals import ignore_stop_signals
 
 if TYPE_CHECKING:
     from worker_client import WorkerClient
@@ -115,16 +115,6 @@ class Rank(ChildProcess):
         if self.client is not None:
             self.client.close()
         return code
-
-
-def ignore_stop_signals() -> None:
-    """Ignore SIGTERM and SIGINT from here on: the exit code is decided. Python puts the
-    default action back for every signal it handled when it shuts down, so a SIGTERM then (a
-    coordinator's, sent just as the process leaves on its own) would end it by the signal
-    instead of with its code. An ignored signal is left alone (and masking it would not do:
-    the client's threads could still take it)."""
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_IGN)
 
 
 def register(url: str, token_file: str, *, role: str, name: str,
