@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.routers import free_port, log_tail
 from tests.engines.stack import (
     DYNAMO_START_S,
     LOOPBACK_ENV,
@@ -20,9 +21,7 @@ from tests.engines.stack import (
     Coordinator,
     alive,
     engine_python,
-    free_port,
     http_ok,
-    log_tail,
     spawn_logged,
     start_coordinator,
     tree,

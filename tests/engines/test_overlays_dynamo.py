@@ -51,15 +51,14 @@ import httpx
 import pytest
 
 from coordinator.drain.handover import LEFT_TO_CALLER
+from devstack.routers import free_port, log_tail
 from tests.deploy.rendering import Rendered
 from tests.engines.stack import (
     DYNAMO_START_S,
     LOOPBACK_ENV,
     alive,
     engine_python,
-    free_port,
     http_ok,
-    log_tail,
     spawn_logged,
     tree,
     wait_http,

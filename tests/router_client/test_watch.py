@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 
 import shutdown_wire as wire
+from devstack.routers import free_port
 from router_client import Watcher
-from tests.engines.stack import free_port
 from tests.service.servers import FAST, register, start_coordinator
 from tests.service.trees import start_tree
 from tests.support.processes import ProcessJanitor, wait_for

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.routers import free_port
 from devstack.sim import EngineHandle
-from tests.engines.stack import free_port
 from tests.kill.helpers import start_tree
 from tests.routers.stack import ROUTERS, Router, smg_workers, start_router
 from tests.service.servers import FAST, Running, hold_drains, register, start_coordinator

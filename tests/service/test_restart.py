@@ -14,8 +14,8 @@ import httpx
 import psutil
 import pytest
 
+from devstack.routers import free_port
 from devstack.sim.launcher import start_engine
-from tests.engines.stack import free_port
 from tests.service.servers import FAST, Running, register, start_coordinator
 from tests.service.trees import start_tree
 from tests.support.processes import ProcessJanitor, wait_for
