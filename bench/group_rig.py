@@ -165,9 +165,12 @@ def evicted(size: int) -> int:
     return min(2, size - 1)
 
 
-async def run_once(way: str, scenario: str, params: Params, tmp: Path) -> RunResult:
-    """One drain of one group, every process ended afterwards whatever happened."""
-    janitor = ProcessJanitor()
+async def run_once(way: str, scenario: str, params: Params, tmp: Path,
+                   janitor: ProcessJanitor | None = None) -> RunResult:
+    """One drain of one group, every process ended afterwards whatever happened (by
+    ``janitor``'s owner when one is given: a test's fixture, which fails on a leak)."""
+    own = janitor is None
+    janitor = janitor or ProcessJanitor()
     groups: list[GroupHandle] = []
     try:
         return await _run(janitor, groups, way, scenario, params, tmp)
@@ -177,9 +180,10 @@ async def run_once(way: str, scenario: str, params: Params, tmp: Path) -> RunRes
                 group.kill()  # only what is still running: after a run, nothing should be
             finally:
                 group.close()
-        janitor.close()
-        for problem in janitor.problems:  # a leak, or a service that needed SIGKILL
-            print(f"{scenario} {way}: janitor: {problem}", file=sys.stderr)
+        if own:
+            janitor.close()
+            for problem in janitor.problems:  # a leak, or a service that needed SIGKILL
+                print(f"{scenario} {way}: janitor: {problem}", file=sys.stderr)
 
 
 async def _run(janitor: ProcessJanitor, groups: list[GroupHandle], way: str, scenario: str,
