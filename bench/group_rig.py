@@ -86,7 +86,7 @@ class Params:
     collective_timeout_s: float = 5.0
     """How long a rank hangs in a broken step before it aborts (tests/group's; torch's
     default is 10 minutes, which would only lengthen the per-pod way's time to empty)."""
-    repetitions: int = 3
+    repetitions: int = 4
     scenarios: tuple[str, ...] = SCENARIOS
     empty_bound_s: float = 120.0
     """A run whose group has not emptied by then counts as not emptied (its pods are then
