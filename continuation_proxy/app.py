@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator
 from uuid import uuid4
 
+import aiohttp
 import anyio
-import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -28,9 +28,12 @@ from continuation_proxy import metrics
 from continuation_proxy.bodies import BadBody, Limits, parse_json, read_body
 from router_client import ContinuingClient, InvalidRequest, StreamFailed, UpstreamRejected
 from router_client.openai_requests import PATHS, check_request
-from router_client.upstream import HOP_BY_HOP
+from router_client.upstream import FAILED, HOP_BY_HOP
 
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+NOT_RELAYED = HOP_BY_HOP | {"content-encoding"}
+"""An answer's headers not relayed: the connection's own, and its encoding (the session
+decodes the body it relays)."""
 FAILED_UPSTREAM = {"upstream_error", "upstream_malformed"}
 """Reasons that are the upstream's own failure (502); the rest are the continuation's (503)."""
 
@@ -43,9 +46,9 @@ def _relay(exc: UpstreamRejected) -> Response:
     return Response(exc.body, status_code=exc.status, media_type=exc.content_type)
 
 
-def build_app(client: ContinuingClient, http: httpx.AsyncClient,
-              limits: Limits | None = None) -> Starlette:
-    """The proxy's app: ``client`` continues, ``http`` forwards the rest to its upstream."""
+def build_app(client: ContinuingClient, limits: Limits | None = None) -> Starlette:
+    """The proxy's app: ``client`` continues, and its session forwards the rest to its
+    upstream."""
     bounds = limits or Limits()
 
     async def continued(request: Request) -> Response:
@@ -94,13 +97,13 @@ def build_app(client: ContinuingClient, http: httpx.AsyncClient,
         url = client.upstream + request.url.path + (f"?{query}" if query else "")
         sent = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
         try:
-            upstream = await http.send(
-                http.build_request(request.method, url, headers=sent, content=content),
-                stream=True)
-        except httpx.TransportError as exc:
+            upstream = await client.session.request(request.method, url, headers=sent,
+                                                    data=content or None,
+                                                    allow_redirects=False)
+        except FAILED as exc:
             return _error(502, f"upstream unreachable: {exc!r}")
-        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in HOP_BY_HOP}
-        return StreamingResponse(_relayed(upstream), status_code=upstream.status_code,
+        kept = {k: v for k, v in upstream.headers.items() if k.lower() not in NOT_RELAYED}
+        return StreamingResponse(_relayed(upstream), status_code=upstream.status,
                                  headers=kept)
 
     async def health(request: Request) -> Response:
@@ -132,12 +135,11 @@ async def _chain(first: bytes, rest: AsyncGenerator[bytes, None]) -> AsyncIterat
             await rest.aclose()
 
 
-async def _relayed(upstream: httpx.Response) -> AsyncIterator[bytes]:
-    """A forwarded answer's bytes as they come; the upstream response closed however the
-    relay ends."""
+async def _relayed(upstream: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """A forwarded answer's bytes as they come; the upstream response released however the
+    relay ends (its connection closed unless the body was read to its end)."""
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in upstream.content.iter_any():
             yield chunk
     finally:
-        with anyio.CancelScope(shield=True):
-            await upstream.aclose()
+        upstream.release()

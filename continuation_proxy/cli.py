@@ -20,10 +20,10 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-import httpx
 import uvicorn
 
 from continuation_proxy import discovery
@@ -31,7 +31,6 @@ from continuation_proxy.app import build_app
 from continuation_proxy.bodies import MAX_BODY_BYTES, Limits
 from router_client import ContinuingClient
 from router_client.continuation import MAX_CONTINUATIONS
-from router_client.upstream import READ_TIMEOUT_S
 
 DNS_INTERVAL_S = discovery.DNS_INTERVAL_S
 
@@ -108,13 +107,10 @@ async def serve(args: argparse.Namespace) -> None:
     2. Write the ready file, print the same line.
     3. Serve until a stop signal; then close the clients."""
     token = read_token(args.token_file)
-    http = httpx.AsyncClient(timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
-                             limits=httpx.Limits(max_connections=None,
-                                                 max_keepalive_connections=256))
     client = ContinuingClient(args.upstream, coordinators=args.coordinator, token=token,
-                              http=http, max_continuations=args.max_continuations,
+                              max_continuations=args.max_continuations,
                               ask_token_ids=args.token_ids)
-    app = build_app(client, http, Limits(max_body_bytes=args.max_body_bytes))
+    app = build_app(client, Limits(max_body_bytes=args.max_body_bytes))
     sock, url = _listen(args.host, args.port)
     server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level, lifespan="off",
                                            timeout_graceful_shutdown=args.shutdown_timeout))
@@ -131,7 +127,6 @@ async def serve(args: argparse.Namespace) -> None:
             with contextlib.suppress(asyncio.CancelledError):
                 await dns
         await client.aclose()
-        await http.aclose()
 
 
 def _listen(host: str, port: int) -> tuple[socket.socket, str]:
@@ -170,12 +165,24 @@ def _stop_on_signals(server: uvicorn.Server) -> None:
         signal.signal(sig, stop)
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (a dependency on Linux): every token the
+    proxy carries is a socket read and a socket write, which uvloop does in C; asyncio's own
+    loop elsewhere."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
-        asyncio.run(serve(args))
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(serve(args))
     except SystemExit as exc:
         if isinstance(exc.code, str):
             print(exc.code, file=sys.stderr)

@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 
 import shutdown_wire as wire
 from router_client import sse
@@ -50,13 +50,14 @@ from router_client.openai_requests import (
 )
 from router_client.stitching import Stitcher
 from router_client.upstream import (
-    READ_TIMEOUT_S,
+    FAILED,
     Attempt,
     Event,
     Refused,
     RetryPolicy,
     Upstream,
     handed_back,
+    new_session,
     upstream_headers,
 )
 
@@ -96,7 +97,7 @@ class ContinuingClient:
     draining pod hands back, through the same upstream."""
 
     def __init__(self, upstream: str, *, coordinators: Sequence[str] = (),
-                 token: str | None = None, http: httpx.AsyncClient | None = None,
+                 token: str | None = None, session: aiohttp.ClientSession | None = None,
                  max_continuations: int = MAX_CONTINUATIONS, ask_token_ids: bool = True,
                  retry: RetryPolicy | None = None) -> None:
         self.upstream = upstream.rstrip("/")
@@ -105,13 +106,13 @@ class ContinuingClient:
         """Ask completions for token ids (``return_token_ids``: vLLM, SGLang) to continue
         them exactly; an engine that ignores it is continued by text."""
         self.stats = ContinuationStats()
-        self._own_http = http is None
-        self.http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=READ_TIMEOUT_S),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
+        self._session = session
+        """The upstream's session (``upstream.new_session`` when none is given), made at
+        the first request: aiohttp binds a session to the running event loop."""
         self.acks = HandoffAcks(coordinators, token=token, on_taken=self._taken)
-        self._upstream = Upstream(self.upstream, self.http, retry or RetryPolicy(),
-                                  on_handed_back=self._acknowledge, on_retry=self._retried)
+        self._own_session = session is None
+        self._retry = retry or RetryPolicy()
+        self._opened: Upstream | None = None
 
     async def __aenter__(self) -> ContinuingClient:
         return self
@@ -121,8 +122,22 @@ class ContinuingClient:
 
     async def aclose(self) -> None:
         await self.acks.close()
-        if self._own_http:
-            await self.http.aclose()
+        if self._own_session and self._session is not None:
+            await self._session.close()
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        """The session every upstream attempt goes through."""
+        if self._session is None:
+            self._session = new_session()
+        return self._session
+
+    @property
+    def _upstream(self) -> Upstream:
+        if self._opened is None:
+            self._opened = Upstream(self.upstream, self.session, self._retry,
+                                    on_handed_back=self._acknowledge, on_retry=self._retried)
+        return self._opened
 
     async def stream(self, path: str, body: dict[str, Any],
                      headers: Mapping[str, str] | None = None) -> AsyncGenerator[bytes, None]:
@@ -267,12 +282,12 @@ class ContinuingClient:
                 if out is not None:
                     yield out
             attempt.outcome = "error" if errored else "broken"
-        except httpx.TransportError:
+        except FAILED:
             attempt.outcome = "error" if errored else "broken"
         except ValueError:
             attempt.outcome = "malformed"
         finally:
-            await attempt.response.aclose()
+            attempt.response.release()
 
 
 def _path(path: str) -> str:

@@ -11,12 +11,14 @@ engine reports has its own id. Any other status is the upstream's verdict on the
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-import httpx
+import aiohttp
 from tenacity import (
     AsyncRetrying,
     retry_if_exception_type,
@@ -37,6 +39,10 @@ Event = dict[str, Any] | str
 READ_TIMEOUT_S = 300.0
 """Longest silence inside an upstream stream (s) before it counts as broken: a long prompt's
 prefill on a loaded engine comes first."""
+CONNECT_TIMEOUT_S = 10.0
+"""Longest wait for a connection to the upstream (s)."""
+FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
+"""What an upstream call raises when the connection fails, breaks or times out."""
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Answers that may pass: the router has no worker yet, or sent the attempt to one that is
 going away. Any other status is the router's verdict on the request and is relayed."""
@@ -86,7 +92,9 @@ class RetryPolicy:
 class Attempt:
     """One upstream attempt, open, its first event read."""
 
-    response: httpx.Response
+    response: aiohttp.ClientResponse
+    """Released when the attempt ends: its connection goes back to the pool only when the
+    body was read to its end (aiohttp closes it otherwise)."""
     events: AsyncIterator[Event]
     opening: list[Event]
     """The events read before the attempt was known to be taken (``_opening``)."""
@@ -99,11 +107,11 @@ class Attempt:
 class Upstream:
     """Opens attempts on ``url`` (a router's base URL)."""
 
-    def __init__(self, url: str, http: httpx.AsyncClient, retry: RetryPolicy, *,
+    def __init__(self, url: str, session: aiohttp.ClientSession, retry: RetryPolicy, *,
                  on_handed_back: Callable[[HandedBack], None],
                  on_retry: Callable[[], None]) -> None:
         self.url = url.rstrip("/")
-        self.http = http
+        self.session = session
         self.retry = retry
         self.on_handed_back = on_handed_back
         """Told of a stream handed back before its first token (to count and acknowledge
@@ -128,37 +136,47 @@ class Upstream:
         2. Not 200: a status that may pass is a refusal, any other the upstream's verdict.
         3. Read the first event; a stream that ends or is handed back before it has any
            token is a refusal too."""
-        request = self.http.build_request("POST", self.url + path, json=body,
-                                          headers={**headers, "X-Request-Id": upstream_id})
+        sent = {**headers, "X-Request-Id": upstream_id, "Content-Type": "application/json"}
         try:
-            response = await self.http.send(request, stream=True)
-        except httpx.TransportError as exc:
+            response = await self.session.post(
+                self.url + path, data=json.dumps(body, separators=(",", ":")).encode(),
+                headers=sent, allow_redirects=False)
+        except FAILED as exc:
             raise Refused(502, _detail(f"upstream unreachable: {exc!r}")) from exc
-        if response.status_code != 200:
+        if response.status != 200:
             try:
-                content = await response.aread()
-            except httpx.TransportError:
+                content = await response.read()
+            except FAILED:
                 content = b""
             finally:
-                await response.aclose()
+                response.release()
             kind = response.headers.get("content-type", "application/json")
-            if response.status_code in RETRY_STATUSES:
-                raise Refused(response.status_code, content, kind)
-            raise UpstreamRejected(response.status_code, content, kind)
-        events = sse.events(response.aiter_lines())
+            if response.status in RETRY_STATUSES:
+                raise Refused(response.status, content, kind)
+            raise UpstreamRejected(response.status, content, kind)
+        events = sse.events_of_bytes(response.content.iter_any())
         try:
             opening = await _opening(events)
-        except (httpx.TransportError, ValueError) as exc:
-            await response.aclose()
+        except (*FAILED, ValueError) as exc:
+            response.release()
             raise Refused(502, _detail(f"upstream stream broke at once: {exc!r}")) from exc
         last = opening[-1] if opening else None
         handed = handed_back(last) if isinstance(last, dict) else None
         if last is None or (handed is not None and handed.tokens == 0):
-            await response.aclose()
+            response.release()
             if handed is not None:
                 self.on_handed_back(handed)
             raise Refused(503, _detail("upstream ended the stream before its first token"))
         return Attempt(response, events, opening)
+
+
+def new_session() -> aiohttp.ClientSession:
+    """A session for an upstream: no limit on connections (each stream holds one), kept
+    alive between requests, and a stream's silence bounded by ``READ_TIMEOUT_S``."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S,
+                                      sock_read=READ_TIMEOUT_S))
 
 
 def upstream_headers(headers: Mapping[str, str] | None) -> tuple[str, dict[str, str]]:
@@ -170,7 +188,7 @@ def upstream_headers(headers: Mapping[str, str] | None) -> tuple[str, dict[str, 
         lower = name.lower()
         if lower == "x-request-id":
             request_id = value
-        elif lower not in HOP_BY_HOP:
+        elif lower not in HOP_BY_HOP and lower != "content-type":  # the body is ours
             sent[name] = value
     return request_id or f"cont-{uuid4().hex}", sent
 

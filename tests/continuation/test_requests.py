@@ -23,7 +23,7 @@ from router_client.openai_requests import (
     stream_refusal,
 )
 from router_client.stitching import Stitcher
-from router_client.upstream import Refused, RetryPolicy, _opening
+from router_client.upstream import Refused, RetryPolicy, _opening, upstream_headers
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -268,3 +268,13 @@ async def test_an_attempt_is_taken_at_its_first_token_not_its_role_chunk() -> No
     token = _chat_chunk({"content": " a"})
     assert await _opening(events(role, token, handed)) == [role, token]
     assert await _opening(events()) == []
+
+
+def test_the_callers_own_connection_headers_and_content_type_are_not_sent_upstream() -> None:
+    """The body every attempt sends is the continuation layer's own JSON: the caller's
+    ``Content-Type`` (any case) is not sent beside it, nor its connection's headers; its
+    ``X-Request-Id`` names the request."""
+    request_id, sent = upstream_headers({"content-TYPE": "text/plain", "X-Request-Id": "r1",
+                                         "Authorization": "Bearer t", "Content-Length": "9",
+                                         "Connection": "keep-alive"})
+    assert (request_id, sent) == ("r1", {"Authorization": "Bearer t"})
