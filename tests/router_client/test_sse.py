@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterable
+from typing import Any
 
 import pytest
 
@@ -27,8 +28,8 @@ async def _chunks(parts: Iterable[bytes]) -> AsyncIterator[bytes]:
         yield part
 
 
-def _read(parts: Iterable[bytes]) -> list[object]:
-    async def run() -> list[object]:
+def _read(parts: Iterable[bytes]) -> list[dict[str, Any] | str]:
+    async def run() -> list[dict[str, Any] | str]:
         return [e async for e in sse.events_of_bytes(_chunks(parts))]
     return asyncio.run(run())
 
