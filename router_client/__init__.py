@@ -20,7 +20,8 @@ states) are ``shutdown_wire``'s.
 The reference router (``python -m devstack.reference_router``, outside this package) is built
 on it; the protocol is in docs/protocol.md, the continuation layer (``ContinuingClient``, and
 the proxy built on it, ``python -m continuation_proxy``) in docs/continuation.md. Only httpx
-is needed (and tenacity, for the continuation's retries); nothing here imports the
+(the watcher, the acknowledgements), aiohttp (the continuation's upstream streams: its C
+parser carries every token) and tenacity (retries) are needed; nothing here imports the
 coordinator or devstack.
 """
 
