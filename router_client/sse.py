@@ -7,11 +7,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 DONE = "[DONE]"
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""One encoder for every event (``json.dumps`` with arguments builds one per call)."""
 
 
 def encode(data: dict[str, Any] | str) -> bytes:
     """One ``data:`` event."""
-    body = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    body = data if isinstance(data, str) else _ENCODER.encode(data)
     return f"data: {body}\n\n".encode()
 
 
