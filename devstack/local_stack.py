@@ -147,6 +147,10 @@ class LocalStack:
     def start_coordinator(self, name: str, *args: str, port: int = 0) -> CoordinatorProcess:
         """``shutdown-coordinator serve`` on a loopback port (0: a free one); returns once it
         answers. A restart on the same ``port`` keeps the URL routers and engines know."""
+        return self._coordinator_up(name, self._spawn_coordinator(name, *args, port=port))
+
+    def _spawn_coordinator(self, name: str, *args: str, port: int = 0
+                           ) -> subprocess.Popen[bytes]:
         port_file = self.workdir / f"{name}.port.json"
         port_file.unlink(missing_ok=True)
         proc = self.spawn(
@@ -155,17 +159,33 @@ class LocalStack:
             f"{name}.log",
         )
         self._coordinators.add(proc.pid)
-        url = _wait_for_json_url(proc, port_file, f"coordinator {name}")
+        return proc
+
+    def _coordinator_up(self, name: str, proc: subprocess.Popen[bytes]) -> CoordinatorProcess:
+        url = _wait_for_json_url(proc, self.workdir / f"{name}.port.json",
+                                 f"coordinator {name}")
         _wait_healthy(proc, url + "/healthz", f"coordinator {name}")
         return CoordinatorProcess(proc, url, self.workdir / f"{name}.log")
 
     def start_pod(self, name: str, coordinator_args: Sequence[str] = (), *,
-                  request_log: bool = False, **engine_knobs: Any) -> Pod:
+                  request_log: bool = False, together: bool = False,
+                  **engine_knobs: Any) -> Pod:
         """A coordinator, then an engine that registers with it (waits for the registration).
 
         ``request_log``: the engine logs every request it takes (``Pod.requests()``): the
-        same engine and flags, started through this module's ``engine`` entry point."""
-        coordinator = self.start_coordinator(f"{name}-coordinator", *coordinator_args)
+        same engine and flags, started through this module's ``engine`` entry point.
+        ``together``: the engine starts right after the coordinator's process, not once the
+        coordinator answers, as the kubelet starts the manifests' pods (the native sidecar
+        has no startup probe: deploy/kubernetes/base/engine-deployment.yaml); the engine's
+        worker client registers once the coordinator listens."""
+        if together:
+            port = routers.free_port()
+            proc = self._spawn_coordinator(f"{name}-coordinator", *coordinator_args,
+                                           port=port)
+            coordinator_url = f"http://127.0.0.1:{port}"
+        else:
+            coordinator = self.start_coordinator(f"{name}-coordinator", *coordinator_args)
+            coordinator_url = coordinator.url
 
         def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
             if request_log:  # [python, -m, devstack.sim, flags...] -> this module's engine
@@ -173,7 +193,12 @@ class LocalStack:
             return self.spawn(argv, f"{name}-engine.log", env=env)
 
         engine = start_engine(spawn, self.workdir / f"{name}-records",
-                              coordinator=coordinator.url, **engine_knobs)
+                              coordinator=coordinator_url, **engine_knobs)
+        if together:
+            coordinator = self._coordinator_up(f"{name}-coordinator", proc)
+            if coordinator.url != coordinator_url:
+                raise StackError(f"{name}'s coordinator listens on {coordinator.url}, "
+                                 f"not {coordinator_url}")
         pod = Pod(name, coordinator, engine)
         _wait_until(lambda: _registered(pod), f"{name}'s engine to register")
         return pod
@@ -255,7 +280,7 @@ class LocalStack:
         engine_url = f"http://127.0.0.1:{routers.free_port()}"
         told = ["--router", f"{kind}={router_url}", "--router-worker-url", engine_url]
         pod = self.start_pod(name, [*(told if adapter else []), *coordinator_args],
-                             request_log=True,
+                             request_log=True, together=True,
                              **{**knobs, "port": int(engine_url.rsplit(":", 1)[1])})
         if pod.engine.url != engine_url:  # the router would know it by another name
             raise StackError(f"{name}'s engine listens on {pod.engine.url}, not {engine_url}")
