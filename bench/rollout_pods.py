@@ -5,9 +5,10 @@ loopback (``devstack.local_stack``): with the coordinator, a pod is a coordinato
 the router (``--router smg=URL``: it takes its engine out of smg at a drain's start, and
 adds it at start once the engine answers ``/health``) and a simulated engine registered
 with it, the two started together as the kubelet starts the manifest's pod (its native
-sidecar has no startup probe: ``LocalStack.start_pod(together=True)``); without, a pod is the engine alone (an engine registered with a coordinator would
-start a drain on its own SIGTERM), stock (SIGKILL its tree on SIGTERM) or with its own
-graceful wait (``--serve-open-streams-s``). Every engine logs the requests it takes
+sidecar has no startup probe: ``LocalStack.start_pod(together=True)``); without, a pod is
+the engine alone (an engine registered with a coordinator would start a drain on its own
+SIGTERM), stock (SIGKILL its tree on SIGTERM) or with its own graceful wait
+(``--serve-open-streams-s``). Every engine logs the requests it takes
 (``devstack.local_stack``'s engine), so the counts can be held against the engines' own.
 
 ``delete`` plays the kubelet and the control plane for one pod (see ``Kube`` for the
