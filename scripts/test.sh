@@ -136,15 +136,21 @@ EOF
 mkdir -p .engines
 bash scripts/engines.sh > .engines/install.log 2>&1 &
 engines_install=$!
+# The core tests run in CORE_WORKERS pytest-xdist workers (2 by default; 0: in this process):
+# most of their time is waiting on the processes they start, and each test's janitor owns
+# only what its own worker started, so two tests at a time fill a 2-core machine that one
+# leaves half idle. worksteal rebalances the long tests (the group drain's) as workers empty.
+workers=(-n "${CORE_WORKERS:-2}" --dist worksteal)
 started=$SECONDS
 status=0
 if [ "${COVERAGE:-1}" = 0 ]; then
-    .venv/bin/pytest || status=$?
+    .venv/bin/pytest "${workers[@]}" || status=$?
 else
     rm -rf .coverage-data .coverage
     install_coverage_hook
     COORDINATOR_TEST_COVERAGE="$PWD/pyproject.toml" \
-        COVERAGE_FILE="$PWD/.coverage-data/.coverage" .venv/bin/pytest || status=$?
+        COVERAGE_FILE="$PWD/.coverage-data/.coverage" .venv/bin/pytest "${workers[@]}" \
+        || status=$?
 fi
 echo "core tests: $((SECONDS - started)) s wall time (coverage: ${COVERAGE:-1})"
 if [ "${COVERAGE:-1}" != 0 ]; then
