@@ -107,8 +107,8 @@ class Result:
     ready_s: float
     """First new pod started → last new pod Ready (where ``kubectl rollout status`` ends)."""
     surges: list[tuple[float, float]]
-    """Each new pod's start and Ready (``time.monotonic()``; ``Deployment.surge`` says what
-    Ready takes, with a coordinator and without)."""
+    """Each new pod's start and Ready (``time.monotonic()``): a coordinator pod starts its
+    coordinator before its engine, as a native sidecar does."""
     load_average: tuple[float, float] = (0.0, 0.0)
     """The machine's 1-minute load average when the strategy started and ended (other work
     on the same cores shows here)."""

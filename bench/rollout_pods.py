@@ -4,31 +4,12 @@ One ``Deployment`` per strategy of ``bench/rollout.py``. Its pods are real proce
 loopback (``devstack.local_stack``): with the coordinator, a pod is a coordinator told of
 the router (``--router smg=URL``: it takes its engine out of smg at a drain's start, and
 adds it at start once the engine answers ``/health``) and a simulated engine registered
-with it, the two started together (``LocalStack.start_pod(together=True)``); without, a pod is
+with it, the two started together as the kubelet starts the manifest's pod (its native
+sidecar has no startup probe: ``LocalStack.start_pod(together=True)``); without, a pod is
 the engine alone (an engine registered with a coordinator would start a drain on its own
 SIGTERM), stock (SIGKILL its tree on SIGTERM) or with its own graceful wait
 (``--serve-open-streams-s``). Every engine logs the requests it takes
 (``devstack.local_stack``'s engine), so the counts can be held against the engines' own.
-
-``surge`` plays the kubelet starting a new pod, and the router learning of it:
-
-1. the coordinator and the engine start together, as the kubelet starts the manifest's pod:
-   the native sidecar has no startup probe, so the engine container starts right after the
-   coordinator's (with one, it would start at the probe's first success: a probe period,
-   1 s, after the coordinator's start whenever the coordinator is not up at the first
-   probe);
-2. the pod is Ready when the engine answers (its ready file; the manifest's startup probe on
-   ``/health``) and, with a coordinator, the coordinator's ``/readyz`` answers 200 (the
-   engine container's readiness probe). The rig looks every ``POLL_S``: the probes are
-   modelled as if run continuously, for every strategy alike (the manifest's periods, 5 s for
-   the startup probe and 2 s for readiness, would add up to a period to every new pod with
-   or without a coordinator, more to an engine that loads a model). Stricter than the
-   kubelet: a pod with a coordinator also waits for its engine's registration
-   (``LocalStack.start_pod``), which no probe asks for;
-3. smg routes to the engine: with a coordinator, added by the coordinator's router join once
-   the engine answered ``/health`` (what a pod behind a router without service discovery
-   relies on); without, added by the rig the moment the engine answers, as service discovery
-   would add a Ready pod with no watch delay.
 
 ``delete`` plays the kubelet and the control plane for one pod (see ``Kube`` for the
 times and why):
@@ -54,7 +35,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,8 +51,6 @@ from devstack.sim.records import read_requests
 ROOT = Path(__file__).resolve().parents[1]
 DRAIN_HOOK = ROOT / "deploy" / "kubernetes" / "base" / "drain_hook.py"
 READY_TIMEOUT_S = 60.0
-POLL_S = 0.02
-"""How often the rig looks whether a new pod is Ready: it sees it at most 20 ms late."""
 
 
 @dataclass(frozen=True)
@@ -185,63 +164,18 @@ class Deployment:
                                             [p.url for p in self.pods])
 
     def surge(self, name: str) -> RolloutPod:
-        """A new pod, returned once it is Ready and smg routes to it (the module's
-        docstring says what this models of the kubelet and the router):
-
-        - with a coordinator: the coordinator and the engine started together (the engine
-          registered: ``LocalStack.start_pod``), then the coordinator's ``/readyz`` answers
-          200 and smg routes to the engine, which the coordinator's router join added once
-          the engine answered ``/health``;
-        - without: the engine started (it answers: its ready file), added to smg here at
-          once, as service discovery would add a Ready pod, and routed to."""
+        """A new pod, returned once it is Ready: its coordinator's ``/readyz`` answers 200
+        (with one) and smg routes to it (the coordinator's join adds it; so does the call
+        here, as service discovery would: whichever comes first)."""
         if self._fleet is not None:
-            made = self.stack.add_routed_pod(self._fleet, name, add=False)
+            made = self.stack.add_routed_pod(self._fleet, name)
             pod = RolloutPod(made.name, made.engine, made.coordinator)
-            readyz = f"{made.coordinator.url}/readyz"
-            self._wait(lambda: self._answers(readyz) and self._routed(pod.url),
-                       f"{name} Ready and routed")
+            _wait_ready(f"{pod.coordinator.url}/readyz")  # type: ignore[union-attr]
         else:
             pod = self._plain_pod(name)
-            self._add_to_router(pod.url)
-            self._wait(lambda: self._routed(pod.url), f"{name} routed")
+            self.router.add_worker(pod.url, timeout_s=READY_TIMEOUT_S)
         self.pods.append(pod)
         return pod
-
-    # The rig's own looks at the pods and at smg go through the stack's one client: a client
-    # per look (``httpx.get``) costs tens of milliseconds of CPU for its TLS context, taken
-    # from the pod starting on the same cores.
-
-    def _answers(self, url: str) -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return self.stack.http.get(url).status_code == 200
-        return False
-
-    def _routed(self, worker: str) -> bool:
-        """smg lists ``worker`` as ``ready``: it picks it for new requests."""
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            listed = self.stack.http.get(f"{self.router.url}/workers").json()
-            return any(str(w.get("url", "")).rstrip("/") == worker and w.get("status") == "ready"
-                       for w in listed.get("workers", []))
-        return False
-
-    def _add_to_router(self, worker: str) -> None:
-        """smg's ``POST /workers``, as its service discovery adds a pod (it registers the
-        worker in the background, after its own probes)."""
-        answer = self.stack.http.post(f"{self.router.url}/workers", json={"url": worker})
-        if not answer.is_success:
-            raise routers.RouterError(f"smg refused to add {worker}: {answer.status_code} "
-                                      f"{answer.text[:200]}")
-        self.router.workers.append(worker)
-
-    def _wait(self, ready: Callable[[], bool], what: str) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        while not ready():
-            if self.router.proc.poll() is not None:
-                raise routers.RouterError(f"smg exited {self.router.proc.returncode} before "
-                                          f"{what}:\n{self.router.log_tail()}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{what}: not in {READY_TIMEOUT_S:.0f}s")
-            time.sleep(POLL_S)
 
     def _plain_pod(self, name: str) -> RolloutPod:
         wait_s = self.kube.engine_wait_s if self.strategy.engine_wait else 0.0
@@ -348,3 +282,13 @@ async def _wait_or_kill(proc: Any, deadline: float, what: str, gone: Deletion) -
         killed: int | None = await asyncio.to_thread(proc.wait)
         return killed
 
+
+def _wait_ready(url: str) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url} did not answer 200 in {READY_TIMEOUT_S:.0f}s")
+        time.sleep(0.02)

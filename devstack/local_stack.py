@@ -127,18 +127,8 @@ class LocalStack:
         self._popen = popen or _popen_own_session
         self._procs: list[subprocess.Popen[bytes]] = []
         self._coordinators: set[int] = set()
-        self._http: httpx.Client | None = None
         self.router: subprocess.Popen[bytes] | None = None
         """The router ``start_router`` started last."""
-
-    @property
-    def http(self) -> httpx.Client:
-        """The client of every wait on the stack's processes: one for all (a client of its
-        own per call, as ``httpx.get`` makes, costs tens of milliseconds of CPU for its TLS
-        context, taken from the processes starting on the same cores)."""
-        if self._http is None:
-            self._http = httpx.Client(timeout=5)
-        return self._http
 
     # -- starting -------------------------------------------------------------------------
 
@@ -174,7 +164,7 @@ class LocalStack:
     def _coordinator_up(self, name: str, proc: subprocess.Popen[bytes]) -> CoordinatorProcess:
         url = _wait_for_json_url(proc, self.workdir / f"{name}.port.json",
                                  f"coordinator {name}")
-        _wait_healthy(self.http, proc, url + "/healthz", f"coordinator {name}")
+        _wait_healthy(proc, url + "/healthz", f"coordinator {name}")
         return CoordinatorProcess(proc, url, self.workdir / f"{name}.log")
 
     def start_pod(self, name: str, coordinator_args: Sequence[str] = (), *,
@@ -210,7 +200,7 @@ class LocalStack:
                 raise StackError(f"{name}'s coordinator listens on {coordinator.url}, "
                                  f"not {coordinator_url}")
         pod = Pod(name, coordinator, engine)
-        _wait_until(lambda: _registered(self.http, pod), f"{name}'s engine to register")
+        _wait_until(lambda: _registered(pod), f"{name}'s engine to register")
         return pod
 
     def start_router(self, pods: Sequence[Pod], *args: str, port: int = 0) -> str:
@@ -255,8 +245,7 @@ class LocalStack:
                                       health_check_interval_s=health_check_interval_s)
         return RoutedFleet(router, pods, adapter, tuple(coordinator_args), knobs)
 
-    def add_routed_pod(self, fleet: RoutedFleet, name: str, *, add: bool = True,
-                       **engine_knobs: Any) -> Pod:
+    def add_routed_pod(self, fleet: RoutedFleet, name: str, **engine_knobs: Any) -> Pod:
         """A new pod behind ``fleet``'s router (a rolling update's surge pod), returned once
         the router routes to it:
 
@@ -265,18 +254,11 @@ class LocalStack:
         2. the coordinator, with ``--router KIND=URL --router-worker-url ENGINE_URL`` when the
            fleet's adapters are on;
         3. the engine, registered with its coordinator (``start_pod``);
-        4. the engine added to the router through its API (``RouterProcess.add_worker``).
-
-        ``add=False`` leaves step 4 to the pod's coordinator, whose router join adds the
-        engine once it answers ``/health`` (the fleet's adapters must be on), and returns
-        after step 3, without waiting for the router."""
-        if not add and not fleet.adapter:
-            raise ValueError("add=False needs the fleet's adapters: nothing would add the pod")
+        4. the engine added to the router through its API (``RouterProcess.add_worker``)."""
         knobs = {**fleet.engine_knobs, **engine_knobs}
         pod = self._routed_pod(name, fleet.kind, fleet.router.url, fleet.adapter,
                                fleet.coordinator_args, knobs)
-        if add:
-            fleet.router.add_worker(pod.engine.url)
+        fleet.router.add_worker(pod.engine.url)
         fleet.pods.append(pod)
         return pod
 
@@ -326,14 +308,11 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self._http is not None:
-            self._http.close()
-            self._http = None
 
 
-def _registered(http: httpx.Client, pod: Pod) -> bool:
+def _registered(pod: Pod) -> bool:
     try:
-        status = http.get(pod.coordinator.url + "/status").json()
+        status = httpx.get(pod.coordinator.url + "/status", timeout=5).json()
     except httpx.HTTPError:
         return False
     return any(w["pid"] == pod.engine.pid and w.get("connected") for w in status["workers"])
@@ -358,13 +337,12 @@ def _wait_for_json_url(proc: subprocess.Popen[bytes], path: Path, what: str) -> 
     return str(json.loads(path.read_text())["url"])
 
 
-def _wait_healthy(http: httpx.Client, proc: subprocess.Popen[bytes], url: str,
-                  what: str) -> None:
+def _wait_healthy(proc: subprocess.Popen[bytes], url: str, what: str) -> None:
     def healthy() -> bool:
         if proc.poll() is not None:
             raise StackError(f"{what} exited with {proc.returncode}")
         try:
-            return http.get(url).status_code == 200
+            return httpx.get(url, timeout=5).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -42,8 +42,9 @@ from coordinator.service.posture import Posture
 from coordinator.service.registry import Worker
 from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
-from coordinator.service.timeline_view import draw, running_drain, timeline_document
+from coordinator.service.timeline_view import running_drain, timeline_document
 from coordinator.settings import Settings
+from coordinator.timeline import CSP, render_html, render_svg
 
 JSON = "application/json"
 WAIT_SLACK_S = 1.0
@@ -267,10 +268,13 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
         """The drain drawn: phases as bands, a row per process (per tier past a few
         hundred), marks at its graceful signal, SIGKILL and exit, handoffs over time."""
         document = timeline_document(coordinator, drain)
-        text, media_type, csp = await asyncio.to_thread(draw, document, format)
         headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
-                   "Content-Security-Policy": csp}
-        return Response(text, media_type=media_type, headers=headers)
+                   "Content-Security-Policy": CSP}
+        if format == "svg":
+            svg_text = await asyncio.to_thread(render_svg, document)
+            return Response(svg_text, media_type="image/svg+xml", headers=headers)
+        page = await asyncio.to_thread(render_html, document)
+        return Response(page, media_type="text/html; charset=utf-8", headers=headers)
 
     @api.get("/plan")
     async def plan() -> dict[str, Any]:

@@ -11,11 +11,10 @@ worker API. The coordinator knows a drain's first millisecond, so it calls them
     reference     nothing: it watches this coordinator's /status
 
 Joining (``--router-join``, on by default): when the coordinator starts and no drain is being
-resumed, it waits for the engine's ``GET /health`` to answer 200 (a model loads for minutes;
-asked again within ``LOADING_MAX_WAIT_S``), then adds the engine to every router as an
-abort's restore does. That is how a pod that replaced a drained one in a rolling update gets
-its traffic from a router that does not discover pods itself; one that does (smg's
-``--service-discovery``) answers "already listed".
+resumed, it waits for the engine's ``GET /health`` to answer 200 (a model loads for minutes),
+then adds the engine to every router as an abort's restore does. That is how a pod that
+replaced a drained one in a rolling update gets its traffic from a router that does not
+discover pods itself; one that does (smg's ``--service-discovery``) answers "already listed".
 
 Every call:
 
@@ -35,17 +34,14 @@ Every call:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import ssl
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 from tenacity.stop import stop_base
-from tenacity.wait import wait_base
 
 from coordinator.router_settings import RouterSpec
 
@@ -70,14 +66,7 @@ JOIN_BUDGET_S = 1800.0
 engine startupProbe allows a model to load (5 s x 360). No drain waits on it; a drain cancels
 it."""
 JOIN_MAX_WAIT_S = 2.0
-"""Backoff cap of a join's calls to a router that fails (restarting, overloaded): asked
-again every 2 s at most, from every pod that joins it."""
-LOADING_MAX_WAIT_S = 0.25
-"""Backoff cap while the engine is not healthy yet (``EngineLoading``): its ``/health``, on
-the pod's own network, is asked 4 times a second once the backoff reaches it, so the engine
-joins its routers at most 0.25 s after it first answers 200 (a cap of 2 s let a loaded
-engine wait up to 2 s for its traffic, once per pod in a rolling update). A loading engine
-pays a refused connection, or a 503, each time."""
+"""Backoff cap while the engine is not healthy yet: a loading engine is asked every 2 s."""
 ATTEMPT_TIMEOUT_S = 1.0
 """One attempt at most (vllm-router's ``add_worker`` checks the worker's health first)."""
 FIRST_WAIT_S = 0.02
@@ -92,11 +81,6 @@ restore it sooner."""
 
 class Retryable(Exception):
     """A failure that may pass: not reachable, a timeout, a 5xx, a worker still settling."""
-
-
-class EngineLoading(Retryable):
-    """The engine does not answer its ``/health`` with 200 yet: a join asks again soon
-    (``LOADING_MAX_WAIT_S``)."""
 
 
 class Refused(Exception):
@@ -125,29 +109,14 @@ class stop_at_deadline(stop_base):
         return self.clock() + (retry_state.upcoming_sleep or 0.0) >= self.deadline
 
 
-class wait_by_cause(wait_base):
-    """Backoff from ``FIRST_WAIT_S``, doubling: up to ``LOADING_MAX_WAIT_S`` after the
-    engine was not healthy yet, up to ``max_wait_s`` after any other failure."""
-
-    def __init__(self, max_wait_s: float) -> None:
-        self.other = wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S,
-                                      max=max_wait_s)
-        self.loading = wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S,
-                                        max=LOADING_MAX_WAIT_S)
-
-    def __call__(self, retry_state: RetryCallState) -> float:
-        outcome = retry_state.outcome
-        loading = outcome is not None and isinstance(outcome.exception(), EngineLoading)
-        return (self.loading if loading else self.other)(retry_state)
-
-
 def retrying(deadline: float, clock: Callable[[], float] = time.monotonic,
              sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
              max_wait_s: float = MAX_WAIT_S) -> AsyncRetrying:
-    """Attempts until one succeeds, the router refuses, or the deadline (``wait_by_cause``
-    between them); the last failure is raised as it was."""
+    """Attempts until one succeeds, the router refuses, or the deadline: backoff from
+    ``FIRST_WAIT_S`` doubling to ``max_wait_s``; the last failure is raised as it was."""
     return AsyncRetrying(
-        stop=stop_at_deadline(deadline, clock), wait=wait_by_cause(max_wait_s),
+        stop=stop_at_deadline(deadline, clock),
+        wait=wait_exponential(multiplier=FIRST_WAIT_S, min=FIRST_WAIT_S, max=max_wait_s),
         retry=retry_if_exception_type(Retryable), sleep=sleep, reraise=True)
 
 
@@ -243,22 +212,6 @@ class VllmRouterAdapter:
 
 # --- the adapters of one coordinator ---------------------------------------------------------
 
-def new_client(urls: Iterable[str]) -> httpx.AsyncClient:
-    """The client of every call to ``urls`` (the routers and the engine), httpx imported
-    here: a coordinator without routers never loads it.
-
-    httpx's default TLS context loads a CA bundle (about 30 ms); it is made only when one of
-    ``urls`` is ``https``. A client for ``http`` URLs alone (it follows no redirect) gets a
-    context that trusts nothing instead, which no call uses: a TLS connection would fail its
-    verification."""
-    import httpx
-
-    if any(url.lower().startswith("https:") for url in urls):
-        return httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S)
-    return httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S,
-                             verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
-
-
 @dataclass
 class RouterState:
     """What ``/status`` ``routers`` shows of one router."""
@@ -313,27 +266,11 @@ class RouterAdapters:
         self._sleep = sleep
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._http: httpx.AsyncClient | None = None
-        self._building: asyncio.Future[httpx.AsyncClient] | None = None
+        if any(a is not None for a in self.adapters):
+            # Imported and built here, before any drain: the first call pays no set-up.
+            import httpx
 
-    def start(self) -> None:
-        """Build the HTTP client every call shares, in a worker thread (returns at once).
-
-        httpx's import (and an ``https`` router's TLS context, ``new_client``) take about
-        a tenth of the coordinator's start; built here, from the coordinator's start, they
-        hold back neither its first answers nor its loop, and the first call after them (a
-        join, or a drain's removal) pays no set-up. A call made sooner waits for them."""
-        if self._building is None and self._http is None and any(
-                a is not None for a in self.adapters):
-            urls = [state.url for state in self.states] + [self.worker_url or ""]
-            self._building = asyncio.get_running_loop().run_in_executor(None, new_client, urls)
-
-    async def _client(self) -> httpx.AsyncClient:
-        if self._http is None:
-            self.start()
-            assert self._building is not None
-            # Shielded: a call cancelled meanwhile must not cancel the others' client.
-            self._http = await asyncio.shield(self._building)
-        return self._http
+            self._http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S)
 
     def drain_started(self, migration_deadline_at: float) -> None:
         """Take the worker out of every router (returns at once; step 1)."""
@@ -363,9 +300,6 @@ class RouterAdapters:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._http is None and self._building is not None:
-            with contextlib.suppress(Exception):  # never built: nothing to close
-                self._http = await self._building
         if self._http is not None:
             await self._http.aclose()
 
@@ -392,12 +326,13 @@ class RouterAdapters:
         state.error = state.note = state.took_ms = None
         state.at = time.time()
         started = self._clock()
+        assert self._http is not None
+        http = self._http
         try:
             if deadline <= started:
                 raise Retryable("no time left before the drain's migration deadline")
             max_wait = JOIN_MAX_WAIT_S if action == "join" else MAX_WAIT_S
             async with asyncio.timeout(deadline - started):
-                http = await self._client()
                 async for attempt in retrying(deadline, self._clock, self._sleep, max_wait):
                     with attempt:
                         state.attempts += 1
@@ -439,16 +374,10 @@ class RouterAdapters:
     async def _engine_healthy(self, http: httpx.AsyncClient, attempt_s: float) -> None:
         """A router told of an engine still loading would probe it, fail, and (smg) mark it
         failed: join only once the engine's own health check passes."""
-        import httpx
-
-        try:
-            response = await http.get(f"{self.worker_url}/health", timeout=attempt_s)
-        except httpx.TransportError as exc:
-            raise EngineLoading(f"the engine does not answer yet ({self.worker_url}/health: "
-                                f"{exc.__class__.__name__}: {exc})") from exc
+        response = await http.get(f"{self.worker_url}/health", timeout=attempt_s)
         if response.status_code != 200:
-            raise EngineLoading(f"the engine is not healthy yet ({self.worker_url}/health "
-                                f"answered {response.status_code})")
+            raise Retryable(f"the engine is not healthy yet ({self.worker_url}/health answered "
+                            f"{response.status_code})")
 
     def _ended(self, state: RouterState, result: str, started: float, *,
                note: str | None = None, error: str | None = None) -> None:

@@ -129,8 +129,6 @@ class Coordinator:
     async def start(self) -> None:
         """Resume a persisted drain, discover adopted trees, start the process scanner."""
         self._loop_ready = True
-        if self.routers is not None:
-            self.routers.start()  # their HTTP client, built in a worker thread
         if self.doorbell is not None:
             try:
                 self.doorbell.open()

@@ -1,4 +1,4 @@
-"""What ``GET /status/timeline`` draws and how, and the running drain's clock for the metrics.
+"""What ``GET /status/timeline`` draws, and the running drain's clock for the metrics.
 
 The timeline of the ``current`` drain is the ``/status`` document as it is; of the ``last``
 one (and of ``current`` while serving, after a drain), ``last_drain``'s record with its
@@ -56,16 +56,3 @@ def timeline_document(coordinator: Coordinator, which: str) -> dict[str, Any]:
             totals[entry["event"]] += entry["count"]
         document["migration_counts"] = {**totals, "pending": len(document["migrations"])}
     return document
-
-
-def draw(document: dict[str, Any], fmt: str) -> tuple[str, str, str]:
-    """``document`` drawn as ``fmt`` (``svg``: the drawing alone; else one HTML page): the
-    text, its media type and the page's Content-Security-Policy. Blocking (a thread's work).
-
-    The drawing code (``coordinator.timeline``) is imported here, by the first drawing: no
-    probe, registration or drain needs it, so the coordinator starts without it."""
-    from coordinator import timeline
-
-    if fmt == "svg":
-        return timeline.render_svg(document), "image/svg+xml", timeline.CSP
-    return timeline.render_html(document), "text/html; charset=utf-8", timeline.CSP
