@@ -41,6 +41,9 @@ READ_TIMEOUT_S = 300.0
 prefill on a loaded engine comes first."""
 CONNECT_TIMEOUT_S = 10.0
 """Longest wait for a connection to the upstream (s)."""
+MAX_ANSWER_BYTES = 1 << 20
+"""Most of a refusing or rejecting answer's body kept (relayed to the client, or retried):
+an upstream's error page, not a stream of its own; the rest is not read."""
 FAILED = (aiohttp.ClientError, asyncio.TimeoutError)
 """What an upstream call raises when the connection fails, breaks or times out."""
 RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -145,7 +148,7 @@ class Upstream:
             raise Refused(502, _detail(f"upstream unreachable: {exc!r}")) from exc
         if response.status != 200:
             try:
-                content = await response.read()
+                content = await _head(response.content, MAX_ANSWER_BYTES)
             except FAILED:
                 content = b""
             finally:
@@ -168,6 +171,14 @@ class Upstream:
                 self.on_handed_back(handed)
             raise Refused(503, _detail("upstream ended the stream before its first token"))
         return Attempt(response, events, opening)
+
+
+async def _head(body: aiohttp.StreamReader, limit: int) -> bytes:
+    """The first ``limit`` bytes of ``body`` (all of it when shorter)."""
+    kept = bytearray()
+    while len(kept) < limit and (chunk := await body.read(limit - len(kept))):
+        kept += chunk
+    return bytes(kept)
 
 
 def new_session() -> aiohttp.ClientSession:

@@ -4,11 +4,14 @@ collected answer is put together."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
+from router_client import ContinuingClient
 from router_client.collect import Collector
 from router_client.errors import UpstreamRejected
 from router_client.openai_requests import (
@@ -23,7 +26,13 @@ from router_client.openai_requests import (
     stream_refusal,
 )
 from router_client.stitching import Stitcher
-from router_client.upstream import Refused, RetryPolicy, _opening, upstream_headers
+from router_client.upstream import (
+    MAX_ANSWER_BYTES,
+    Refused,
+    RetryPolicy,
+    _opening,
+    upstream_headers,
+)
 
 USER = [{"role": "user", "content": "Hi"}]
 
@@ -278,3 +287,32 @@ def test_the_callers_own_connection_headers_and_content_type_are_not_sent_upstre
                                          "Authorization": "Bearer t", "Content-Length": "9",
                                          "Connection": "keep-alive"})
     assert (request_id, sent) == ("r1", {"Authorization": "Bearer t"})
+
+
+async def test_a_rejection_is_kept_to_its_first_megabyte() -> None:
+    """1. An upstream on loopback answers every request 400 with a 3 MiB body.
+    2. The first attempt's rejection reaches the caller (``UpstreamRejected``) with the
+       body's first ``MAX_ANSWER_BYTES`` only, as the upstream sent them: an error page is
+       relayed, a flood is not held in memory."""
+    size = 3 << 20
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain\r\n"
+                     b"content-length: %d\r\n\r\n" % size)
+        with contextlib.suppress(ConnectionError):
+            for _ in range(size // 65536):
+                writer.write(b"x" * 65536)
+                await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with ContinuingClient(f"http://127.0.0.1:{port}") as client:
+            with pytest.raises(UpstreamRejected) as rejected:
+                await client.complete("/v1/completions", {"prompt": "p", "max_tokens": 2})
+    finally:
+        server.close()
+    assert rejected.value.status == 400
+    assert rejected.value.body == b"x" * MAX_ANSWER_BYTES
