@@ -40,19 +40,29 @@ async def events_of_bytes(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict[st
     in LF or CRLF): no text decoding or line splitting layer between the socket and the
     parse, which is most of a relay's work per token. Raises ValueError on an event longer
     than ``MAX_EVENT_BYTES`` or data that is not UTF-8 JSON."""
-    rest = b""
+    partial: list[bytes] = []  # a line not ended yet, in the pieces it came in
+    held = 0  # bytes of ``partial`` and ``data``
     data: list[bytes] = []
     async for chunk in chunks:
-        lines = (rest + chunk).split(b"\n") if rest else chunk.split(b"\n")
-        rest = lines.pop()
-        for line in lines:
-            if line.startswith(b"data:"):
-                data.append(line[5:].lstrip(b" ").rstrip(b"\r"))
-            elif data and not line.strip():
-                yield _parse_bytes(data)
-                data = []
-        if len(rest) + sum(map(len, data)) > MAX_EVENT_BYTES:
+        if b"\n" in chunk:
+            lines = (b"".join(partial) + chunk if partial else chunk).split(b"\n")
+            partial = []
+            last = lines.pop()
+            for line in lines:
+                if line.startswith(b"data:"):
+                    data.append(line[5:].lstrip(b" ").rstrip(b"\r"))
+                elif data and not line.strip():
+                    yield _parse_bytes(data)
+                    data = []
+            chunk = last
+            held = sum(map(len, data))
+        if chunk:
+            # Joined only once its line ends: a long line costs one copy, not one per piece.
+            partial.append(chunk)
+            held += len(chunk)
+        if held > MAX_EVENT_BYTES:
             raise ValueError(f"an event of more than {MAX_EVENT_BYTES} bytes")
+    rest = b"".join(partial)
     if rest.startswith(b"data:"):
         data.append(rest[5:].lstrip(b" ").rstrip(b"\r"))
     if data:
