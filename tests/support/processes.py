@@ -112,6 +112,25 @@ def _scan() -> dict[int, _Stat]:
     return out
 
 
+EXEC_WAIT_S = 5.0
+"""Longest wait for a child to finish its exec (``_wait_exec_done``)."""
+
+
+def _wait_exec_done(pid: int) -> None:
+    """Return once our child ``pid`` has finished exec'ing its program (or has ended).
+
+    ``Popen`` returns when its close-on-exec error pipe closes, which the kernel does early
+    in exec: for a moment after, ``/proc/<pid>/cmdline`` is empty and the name may still be
+    the parent's, so a leak found then would be described without its command. Before
+    exec the cmdline is the parent's (never empty), so a non-empty one now means done."""
+    deadline = time.monotonic() + EXEC_WAIT_S
+    while time.monotonic() < deadline:
+        seen = _read_stat(pid)
+        if seen is None or seen.zombie or _cmdline(pid):
+            return
+        time.sleep(0.0005)
+
+
 def _cmdline(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -264,6 +283,7 @@ class ProcessJanitor:
             stdin=subprocess.DEVNULL,
             start_new_session=new_session,
         )
+        _wait_exec_done(proc.pid)
         seen = _read_stat(proc.pid)  # our child: readable until we reap it
         started = _Started(proc, None if seen is None else seen.ticks, new_session,
                            auto_dir(full_env))
