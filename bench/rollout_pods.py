@@ -42,7 +42,7 @@ from typing import Any
 
 import httpx
 
-from devstack import routers
+from devstack import looks, routers
 from devstack.local_stack import ENGINE_COMMAND, CoordinatorProcess, LocalStack, RoutedFleet
 from devstack.routers import RouterProcess
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
@@ -287,7 +287,7 @@ def _wait_ready(url: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while True:
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=5).status_code == 200:
+            if looks.get(url).status_code == 200:
                 return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} did not answer 200 in {READY_TIMEOUT_S:.0f}s")

@@ -40,7 +40,7 @@ from typing import IO, Any
 import httpx
 
 from coordinator.kill import KillPolicy, Target, terminate
-from devstack import routers
+from devstack import looks, routers
 from devstack.routers import RouterProcess
 from devstack.sim.errors import SimArgumentError
 from devstack.sim.knobs import EngineKnobs
@@ -312,7 +312,7 @@ class LocalStack:
 
 def _registered(pod: Pod) -> bool:
     try:
-        status = httpx.get(pod.coordinator.url + "/status", timeout=5).json()
+        status = looks.get(pod.coordinator.url + "/status").json()
     except httpx.HTTPError:
         return False
     return any(w["pid"] == pod.engine.pid and w.get("connected") for w in status["workers"])
@@ -342,7 +342,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, what: str) -> None:
         if proc.poll() is not None:
             raise StackError(f"{what} exited with {proc.returncode}")
         try:
-            return httpx.get(url, timeout=5).status_code == 200
+            return looks.get(url).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -38,6 +38,7 @@ from urllib.parse import quote
 
 import httpx
 
+from devstack import looks
 from devstack.sim.tokens import expected_tokens
 from router_client import sse
 
@@ -133,20 +134,22 @@ class RouterProcess:
         endpoint watcher would: smg ``DELETE /workers/{id}`` (the worker is ``draining`` at
         once, and leaves ``SMG_SETTLE_S`` later), vllm-router ``POST /remove_worker?url=``.
         Returns when the router answered."""
-        with httpx.Client(timeout=CALL_TIMEOUT_S) as http:
-            if self.kind == "smg":
-                body = http.get(f"{self.url}/workers").json()
-                ids = [w["id"] for w in body.get("workers", [])
-                       if str(w["url"]).rstrip("/") == worker]
-                if not ids:
-                    return
-                path = f"{self.url}/workers/{quote(str(ids[0]), safe='')}"
-                # A short settle, as the coordinator's adapter sets: smg adds the worker back
-                # only once it left (its default is 5 s); routing stops at the DELETE anyway.
-                http.patch(path, json={"health": {"drain_settle_secs": SMG_SETTLE_S}})
-                answer = http.delete(path)
-            else:
-                answer = http.post(f"{self.url}/remove_worker", params={"url": worker})
+        http = looks.client()
+        if self.kind == "smg":
+            body = http.get(f"{self.url}/workers", timeout=CALL_TIMEOUT_S).json()
+            ids = [w["id"] for w in body.get("workers", [])
+                   if str(w["url"]).rstrip("/") == worker]
+            if not ids:
+                return
+            path = f"{self.url}/workers/{quote(str(ids[0]), safe='')}"
+            # A short settle, as the coordinator's adapter sets: smg adds the worker back
+            # only once it left (its default is 5 s); routing stops at the DELETE anyway.
+            http.patch(path, json={"health": {"drain_settle_secs": SMG_SETTLE_S}},
+                       timeout=CALL_TIMEOUT_S)
+            answer = http.delete(path, timeout=CALL_TIMEOUT_S)
+        else:
+            answer = http.post(f"{self.url}/remove_worker", params={"url": worker},
+                               timeout=CALL_TIMEOUT_S)
         if not answer.is_success and answer.status_code != 404:
             raise RouterError(f"{self.kind} refused to remove {worker}: "
                               f"{answer.status_code} {answer.text[:200]}")
@@ -157,11 +160,12 @@ class RouterProcess:
         lists ``draining`` is waited for first: smg refuses to add it until it left."""
         wait_until(self, lambda: self.listed().get(worker) != "draining",
                    f"{worker} no longer draining", timeout_s)
-        with httpx.Client(timeout=CALL_TIMEOUT_S) as http:
-            if self.kind == "smg":
-                answer = http.post(f"{self.url}/workers", json={"url": worker})
-            else:
-                answer = http.post(f"{self.url}/add_worker", params={"url": worker})
+        if self.kind == "smg":
+            answer = looks.client().post(f"{self.url}/workers", json={"url": worker},
+                                         timeout=CALL_TIMEOUT_S)
+        else:
+            answer = looks.client().post(f"{self.url}/add_worker", params={"url": worker},
+                                         timeout=CALL_TIMEOUT_S)
         # smg 1.13 may answer 409 WORKER_CREATE_IN_PROGRESS (a registration already queued,
         # by a pod's coordinator joining it, say) and registers the worker all the same; a
         # worker already there (smg 409 ALREADY_EXISTS, vllm-router 400) is done too.
@@ -176,7 +180,7 @@ class RouterProcess:
 
 def get_json(url: str) -> Any:
     try:
-        response = httpx.get(url, timeout=CALL_TIMEOUT_S)
+        response = looks.get(url, timeout=CALL_TIMEOUT_S)
     except httpx.HTTPError:
         return None
     return response.json() if response.status_code == 200 else None
