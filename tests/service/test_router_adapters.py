@@ -84,6 +84,32 @@ async def test_retries_back_off_and_stop_before_the_deadline() -> None:
     assert raised.value.args == (f"attempt {len(slept) + 1}",)
 
 
+async def test_a_loading_engine_is_asked_again_sooner_than_a_failing_router() -> None:
+    """A join's waits (cap ``JOIN_MAX_WAIT_S``) by cause: 1. twelve attempts find the engine
+    loading: the waits double from 20 ms up to ``LOADING_MAX_WAIT_S`` and stay there;
+    2. then the router fails twelve times: the waits grow on to ``JOIN_MAX_WAIT_S``."""
+    clock = FakeClock()
+
+    def loading_then_router_down(n: int) -> None:
+        if n <= 12:
+            raise ra.EngineLoading("the engine does not answer yet")
+        if n <= 24:
+            raise ra.Retryable("not reachable")
+
+    attempts = 0
+    async for attempt in ra.retrying(clock.now + ra.JOIN_BUDGET_S, clock, clock.sleep,
+                                     ra.JOIN_MAX_WAIT_S):
+        with attempt:
+            attempts += 1
+            loading_then_router_down(attempts)
+    assert attempts == 25
+    loading, router_down = clock.slept[:12], clock.slept[12:]
+    assert loading[:4] == pytest.approx([0.02, 0.04, 0.08, 0.16])
+    assert loading[4:] == [ra.LOADING_MAX_WAIT_S] * 8
+    assert router_down[-1] == ra.JOIN_MAX_WAIT_S
+    assert max(loading) < ra.JOIN_MAX_WAIT_S
+
+
 async def test_a_refusal_is_not_retried_and_a_passing_failure_is() -> None:
     """1. a refusal (a 4xx) on the first attempt: one attempt, no wait; 2. two failures that
     may pass, then success: three attempts, two waits."""
@@ -225,14 +251,14 @@ async def test_vllm_router_already_done_is_success_and_a_refusal_fails_at_once()
 
 
 async def test_joining_waits_for_the_engine_health_then_adds_it_and_a_drain_cancels_it() -> None:
-    """1. join: the engine's /health answers 503 twice (loading), then 200; only then is smg
-    asked, and the engine added by URL; /status says joined; the waits are capped at
-    ``JOIN_MAX_WAIT_S``;
+    """1. join: the engine's /health is not listening yet, then answers 503 (loading), then
+    200; only then is smg asked, and the engine added by URL; /status says joined; while the
+    engine loads, the waits are capped at ``LOADING_MAX_WAIT_S``;
     2. join again while the engine's health does not answer yet, then a drain starts: the
     join is cancelled (never added) and the drain's removal runs; the metrics count one join
     ok and one cancelled."""
     clock = FakeClock()
-    health: dict[str, list[int]] = {"answers": [503, 503, 200]}
+    health: dict[str, list[int]] = {"answers": [0, 503, 200]}  # 0: connection refused
     calls: list[tuple[str, str]] = []
     asked, never = asyncio.Event(), asyncio.Event()
 
@@ -243,7 +269,10 @@ async def test_joining_waits_for_the_engine_health_then_adds_it_and_a_drain_canc
             if not answers:  # an engine still loading, that has not answered yet
                 asked.set()
                 await never.wait()
-            return httpx.Response(answers.pop(0))
+            answer = answers.pop(0)
+            if answer == 0:
+                raise httpx.ConnectError("connection refused", request=request)
+            return httpx.Response(answer)
         if request.method == "GET":
             return httpx.Response(200, json={"workers": []})
         return httpx.Response(202, json={"status": "accepted"})
@@ -263,7 +292,7 @@ async def test_joining_waits_for_the_engine_health_then_adds_it_and_a_drain_canc
     health["answers"] = [503] * 10
     adapters.join()
     await asyncio.wait_for(asked.wait(), 10)
-    assert max(clock.slept) == ra.JOIN_MAX_WAIT_S
+    assert max(clock.slept) == ra.LOADING_MAX_WAIT_S
     adapters.drain_started(time.time() + 60)
     await _settle(adapters)
     assert ("POST", f"{SMG}/workers") not in calls
