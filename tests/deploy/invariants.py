@@ -250,7 +250,7 @@ def effective_settings(r: Rendered) -> Settings:
     """The settings ``serve`` runs with for this variant (its engine profile applied)."""
     fields = {name[len(ENV_PREFIX):].lower(): value for name, value in r.settings.items()}
     fields.pop("token_file", None)  # read by the posture check only
-    return Settings(**fields)  # type: ignore[arg-type]
+    return Settings(**fields)
 
 
 def check_adoption(r: Rendered) -> None:
@@ -290,7 +290,7 @@ def check_secure_start(r: Rendered) -> None:
             token.write_text("a-token\n")
             fields["token_file"] = str(token)
         try:
-            posture.check(Settings(**fields))  # type: ignore[arg-type]
+            posture.check(Settings(**fields))
         except posture.InsecureSettings as exc:
             raise AssertionError(f"serve would refuse these settings: {exc}") from exc
 
@@ -316,7 +316,7 @@ def check_router_worker_url(r: Rendered) -> None:
     fields = {name[len(ENV_PREFIX):].lower(): value for name, value in r.settings.items()}
     fields.pop("token_file", None)
     fields["router_worker_url"] = url.replace("$(POD_IP)", "10.0.0.5")
-    Settings(**fields)  # type: ignore[arg-type]
+    Settings(**fields)
 
 
 CHECKS: dict[str, Callable[[Rendered], None]] = {
