@@ -26,7 +26,12 @@ REGISTER_FIRST_S = 0.05
 to the engine and is up within a fraction of a second."""
 REGISTER_MAX_S = 2.0
 """Longest pause between attempts (s): how late the engine may register after a coordinator
-that came up late (or restarted) is reachable again."""
+that answered with an error (a 5xx, a limit reached, a timeout) can take it."""
+REGISTER_NOT_LISTENING_MAX_S = 0.1
+"""Longest pause while nothing listens at the coordinator's address (s): the sidecar is
+still starting beside the engine (or restarting). A refused connection on the pod's own
+network costs microseconds, so the engine registers within 0.1 s of the coordinator
+listening, however late that is; a pod is Ready only once its engine registered."""
 
 RECONNECT_FIRST_S = 0.02
 """First pause before the event stream is opened again (s), jittered by ±50 %: the doorbell
@@ -67,9 +72,23 @@ def no_pause(seconds: float) -> None:
     of a busy engine may then wait up to the 5 ms switch interval to get it back."""
 
 
-def registration_wait() -> wait_base:
-    return wait_exponential_jitter(initial=REGISTER_FIRST_S, max=REGISTER_MAX_S,
-                                   jitter=REGISTER_FIRST_S)
+class registration_wait(wait_base):
+    """Pauses from ``REGISTER_FIRST_S``, doubling, jittered: up to
+    ``REGISTER_NOT_LISTENING_MAX_S`` after a refused connection, up to ``REGISTER_MAX_S``
+    after anything else."""
+
+    def __init__(self) -> None:
+        self.other = wait_exponential_jitter(initial=REGISTER_FIRST_S, max=REGISTER_MAX_S,
+                                             jitter=REGISTER_FIRST_S)
+        self.not_listening = wait_exponential_jitter(
+            initial=REGISTER_FIRST_S, max=REGISTER_NOT_LISTENING_MAX_S,
+            jitter=REGISTER_FIRST_S)
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        outcome = retry_state.outcome
+        error = outcome.exception() if outcome is not None else None
+        refused = error is not None and isinstance(error.__cause__, ConnectionRefusedError)
+        return (self.not_listening if refused else self.other)(retry_state)
 
 
 def registration_retryable(exc: BaseException) -> bool:

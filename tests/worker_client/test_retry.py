@@ -58,6 +58,22 @@ def test_registration_pauses_start_short_and_stay_under_2_s() -> None:
     wait = _retry.registration_wait()
     assert 0.05 <= wait(_state(1)) <= 0.1
     assert all(wait(_state(n)) <= 2.0 for n in range(1, 40))
+    assert max(wait(_state(n, CoordinatorRefused(503, "x"))) for n in range(1, 40)) == 2.0
+
+
+def test_registration_asks_again_within_100_ms_while_nothing_listens() -> None:
+    """A refused connection (the coordinator still starting): the pauses grow from 50 ms and
+    stay at 0.1 s however many attempts failed; an unreachable coordinator for another
+    reason (a timeout) backs off to 2 s."""
+    wait = _retry.registration_wait()
+    refused = CoordinatorUnreachable("POST /workers: refused")
+    refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
+    pauses = [wait(_state(n, refused)) for n in range(1, 40)]
+    assert 0.05 <= pauses[0] <= 0.1
+    assert max(pauses) == _retry.REGISTER_NOT_LISTENING_MAX_S == 0.1
+    timed_out = CoordinatorUnreachable("POST /workers: timed out")
+    timed_out.__cause__ = TimeoutError("timed out")
+    assert wait(_state(30, timed_out)) == _retry.REGISTER_MAX_S
 
 
 @pytest.mark.parametrize(("error", "registration", "report", "stream"), [
