@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from bench.rollout_cpu import CpuByRole
 from bench.rollout_load import (
     Received,
     Tally,
@@ -116,6 +117,9 @@ class Result:
     sent: list[Received] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     """Every engine's own request log, old and new pods (``Pod.requests()``)."""
+    cpu: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Cores used by each part of the stack, ``steady`` and ``rollout``
+    (``bench/rollout_cpu.py``)."""
 
 
 def proxy_installed() -> bool:
@@ -142,7 +146,9 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
     load_before = os.getloadavg()[0]
     stack = LocalStack(workdir, popen)
     ends: list[asyncio.Task[Deletion]] = []
+    cpu = CpuByRole()
     try:
+        cpu.start()
         deployment = Deployment(stack, strategy, kube, token_interval_ms=params.token_interval_ms)
         await asyncio.to_thread(deployment.start, params.pods)
         url = deployment.router.url
@@ -174,12 +180,15 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
         for end in ends:  # a failed rollout: its deletions stop (their hooks are killed)
             end.cancel()
         await asyncio.gather(*ends, return_exceptions=True)
+        cpu.stop()
         await stack.close()
     steady = [s for s in sent if s.sent_at >= steady_from and (s.ended_at or 0) <= started]
     during = [s for s in sent if (s.ended_at or 0) > started]
     requests = [r for pod in deployment.pods for r in pod.requests()]
+    cores = {"steady": cpu.cores(steady_from, started),
+             "rollout": cpu.cores(started, started + rollout_s)}
     return Result(strategy, tally(steady), tally(during), rollout_s, ready_s, surges,
-                  (load_before, os.getloadavg()[0]), deletions, sent, requests)
+                  (load_before, os.getloadavg()[0]), deletions, sent, requests, cores)
 
 
 def _start_proxy(stack: LocalStack, upstream: str, deployment: Deployment) -> str:
@@ -269,6 +278,7 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
                    f"{[k for d in ends for k in d.sigkilled] or 'none'}; load average "
                    f"{res.load_average[0]:.1f} → {res.load_average[1]:.1f}")
         out += _latency_notes(res)
+        out.append(f"  {_cpu_note(res)}")
         for line in res.rollout.errors[:3]:
             out.append(f"  e.g. {line}")
         for note in sorted({n for d in ends for n in d.notes})[:3]:
@@ -276,6 +286,15 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
     for why in left_out:
         out.append(f"left out: {why}")
     return "\n".join(out)
+
+
+def _cpu_note(res: Result) -> str:
+    """Cores of the machine each part used, steady → rollout (the rollout's order)."""
+    steady, rollout = res.cpu.get("steady", {}), res.cpu.get("rollout", {})
+    parts = [f"{part} {steady.get(part, 0.0):.2f} → {used:.2f}" for part, used in rollout.items()
+             if used >= 0.005 or steady.get(part, 0.0) >= 0.005]
+    total = f"{sum(steady.values()):.2f} → {sum(rollout.values()):.2f}"
+    return f"cores used, steady → rollout: {total} of {os.cpu_count()} ({', '.join(parts)})"
 
 
 def _latency_notes(res: Result) -> list[str]:
@@ -306,7 +325,7 @@ def _as_json(results: list[Result], params: Params, kube: Kube) -> dict[str, Any
             "results": [{"strategy": r.strategy.name, "steady": r.steady.as_dict(),
                          "rollout": r.rollout.as_dict(), "rollout_s": r.rollout_s,
                          "ready_s": r.ready_s, "surges": r.surges,
-                         "load_average": r.load_average,
+                         "load_average": r.load_average, "cpu": r.cpu,
                          "deletions": [asdict(d) for d in r.deletions]}
                         for r in results]}
 
