@@ -87,9 +87,13 @@ class CpuByRole:
         """Each sample's CPU seconds by part, summed over its processes (a process's whole
         use so far)."""
         self._parts: dict[int, str | None] = {self.root: "rig"}
+        self._commands: dict[int, str] = {}
         """Each process seen: its part, or None when not in the bench's tree."""
         self._last: dict[int, float] = {}
         self._gone: defaultdict[str, float] = defaultdict(float)
+        self._charged: dict[int, str] = {}
+        """The part each live process is charged to, as of the last sample (a process is
+        charged to its parent's part until its exec: then all it used goes to its own)."""
         """What processes that ended had used at their last sample."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-by-role", daemon=True)
@@ -127,14 +131,16 @@ class CpuByRole:
             if pid in self._parts and self._parts[pid] is None:
                 continue  # not of the bench's tree: not read again
             stat = _stat(pid)
-            if stat is not None and self._part(pid, stat[0]) is not None:
+            part = None if stat is None else self._part(pid, stat[0])
+            if stat is not None and part is not None:
                 alive[pid] = stat[1]
+                self._charged[pid] = part
         for pid in [p for p in self._last if p not in alive]:  # ended: keep what it used
-            self._gone[self._parts[pid] or "rig"] += self._last.pop(pid)
+            self._gone[self._charged.pop(pid)] += self._last.pop(pid)
         self._last.update(alive)
         total: defaultdict[str, float] = defaultdict(float, self._gone)
         for pid, used in alive.items():
-            total[self._parts[pid] or "rig"] += used
+            total[self._charged[pid]] += used
         self.times.append(now)
         self.used.append(total)
 
@@ -146,9 +152,17 @@ class CpuByRole:
             stat = _stat(parent) if parent > 1 else None
             self._parts[parent] = None if stat is None else self._part(parent, stat[0])
         inherited = self._parts[parent]
-        part = None if inherited is None else part_of(_command(pid)) or inherited
-        self._parts[pid] = part
-        return part
+        if inherited is None:
+            self._parts[pid] = None
+            return None
+        command = _command(pid)
+        if command == self._commands.setdefault(parent, _command(parent)):
+            # Forked and not (yet) exec'd: its parent's part for now, and looked at again
+            # next time (a process the bench starts is the bench's copy until its exec).
+            return inherited
+        self._commands[pid] = command
+        self._parts[pid] = part_of(command) or inherited
+        return self._parts[pid]
 
     def cores(self, start: float, end: float) -> dict[str, float]:
         """Each part's cores between the samples nearest ``start`` and ``end``."""
