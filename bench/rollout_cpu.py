@@ -11,7 +11,7 @@ ancestor's that has one (a process seen once outside the bench's tree is not rea
 a PID reused by a process of the tree within the run would go uncounted):
 
 - ``coordinator``: ``python -m coordinator serve``;
-- ``engine``: the simulated engine (``devstack.local_stack engine`` or ``devstack.sim``) and
+- ``engine``: the simulated engine (``devstack.logged_engine`` or ``devstack.sim``) and
   the children it starts (scheduler, detokenizer);
 - ``proxy``: ``python -m continuation_proxy``;
 - ``load``: the clients (``bench.rollout_load``);
@@ -41,7 +41,7 @@ SAMPLE_S = 0.05
 TICKS_PER_S = os.sysconf("SC_CLK_TCK")
 PARTS = (
     ("coordinator", ("-m coordinator serve",)),
-    ("engine", ("devstack.local_stack engine", "-m devstack.sim")),
+    ("engine", ("devstack.logged_engine", "-m devstack.sim")),
     ("proxy", ("-m continuation_proxy",)),
     ("load", ("bench.rollout_load",)),
     ("router", ("/smg ", "smg launch")),

@@ -43,7 +43,8 @@ from typing import Any
 import httpx
 
 from devstack import looks, routers
-from devstack.local_stack import ENGINE_COMMAND, CoordinatorProcess, LocalStack, RoutedFleet
+from devstack.local_stack import CoordinatorProcess, LocalStack, RoutedFleet
+from devstack.logged_engine import logged_argv
 from devstack.routers import RouterProcess
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
 from devstack.sim.records import read_requests
@@ -181,9 +182,8 @@ class Deployment:
         wait_s = self.kube.engine_wait_s if self.strategy.engine_wait else 0.0
 
         def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-            # [python, -m, devstack.sim, flags...] -> the same engine with its request log
-            logged = [argv[0], "-m", "devstack.local_stack", ENGINE_COMMAND, *argv[3:]]
-            return self.stack.spawn(logged, f"{name}-engine.log", env=env)
+            # the same engine with its request log
+            return self.stack.spawn(logged_argv(argv), f"{name}-engine.log", env=env)
 
         engine = start_engine(spawn, self.stack.workdir / f"{name}-records",
                               port=routers.free_port(), serve_open_streams_s=wait_s,

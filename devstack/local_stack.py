@@ -26,13 +26,12 @@ Two kinds of router:
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -41,19 +40,13 @@ import httpx
 
 from coordinator.kill import KillPolicy, Target, terminate
 from devstack import looks, routers
+from devstack.logged_engine import logged_argv
 from devstack.routers import RouterProcess
-from devstack.sim.errors import SimArgumentError
-from devstack.sim.knobs import EngineKnobs
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
-from devstack.sim.main_process import EngineMain
-from devstack.sim.records import RequestLog, read_requests
-from devstack.sim.streams import CompletionStreams, HandedBack, Token
+from devstack.sim.records import read_requests
 
 START_TIMEOUT_S = 60.0
 """Bounds a failed start only; a healthy coordinator answers in well under a second."""
-ENGINE_COMMAND = "engine"
-"""``python -m devstack.local_stack engine [flags of python -m devstack.sim]``: the simulated
-engine with its request log (``start_pod(request_log=True)``)."""
 ROUTED_ENGINE = {"schedulers": 1, "graceful_main": True}
 """Engine knobs of a pod behind a real router unless told: one scheduler (a 2-core machine
 runs a router and several pods), and a main process that exits 0 on the coordinator's
@@ -188,8 +181,8 @@ class LocalStack:
             coordinator_url = coordinator.url
 
         def spawn(argv: Sequence[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-            if request_log:  # [python, -m, devstack.sim, flags...] -> this module's engine
-                argv = [argv[0], "-m", __name__, ENGINE_COMMAND, *argv[3:]]
+            if request_log:
+                argv = logged_argv(argv)
             return self.spawn(argv, f"{name}-engine.log", env=env)
 
         engine = start_engine(spawn, self.workdir / f"{name}-records",
@@ -352,78 +345,3 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, what: str) -> None:
 def run_close(stack: LocalStack) -> None:
     """``close()`` from synchronous code."""
     asyncio.run(stack.close())
-
-
-# --- the engine of a pod, with its request log -------------------------------------------------
-
-class _LoggedEngine(EngineMain):
-    """The simulated engine, every request it takes written to a ``RequestLog`` in its record
-    directory: whatever streams the engine uses (its own, or a worker client's once it has
-    connected to its coordinator) are wrapped as they are set."""
-
-    def __init__(self, knobs: EngineKnobs, *, record_dir: Path, ready_file: Path | None) -> None:
-        self._log = RequestLog(record_dir)  # before EngineMain sets its first streams
-        super().__init__(knobs, record_dir=record_dir, ready_file=ready_file)
-
-    @property
-    def streams(self) -> CompletionStreams:
-        return self._streams
-
-    @streams.setter
-    def streams(self, streams: CompletionStreams) -> None:
-        # An instance attribute hides the method for the HTTP handlers; the streams' own
-        # calls (a worker client's TrackedStreams calls super().generate) are not logged twice.
-        setattr(streams, "generate", _logged(streams.generate, self._log))  # noqa: B010
-        self._streams = streams
-
-
-Generate = Callable[[str, str, int], AsyncIterator[Token | HandedBack]]
-
-
-def _logged(generate: Generate, log: RequestLog) -> Generate:
-    def logged(request_id: str, prompt: str, max_tokens: int) -> AsyncIterator[Token | HandedBack]:
-        # Called by the handler the moment it has parsed the request: its arrival.
-        serial = log.arrived(request_id, prompt, max_tokens)
-        return _log_end(generate(request_id, prompt, max_tokens), log, serial)
-
-    return logged
-
-
-async def _log_end(events: AsyncIterator[Token | HandedBack], log: RequestLog,
-                   serial: int) -> AsyncIterator[Token | HandedBack]:
-    tokens, how = 0, "cut"
-    try:
-        async for event in events:
-            if isinstance(event, HandedBack):
-                how = "handed_back"
-            else:
-                tokens += 1
-            yield event
-        how = "done" if how == "cut" else how
-    finally:
-        log.ended(serial, tokens, how)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m devstack.local_stack engine --record-dir D [--ready-file F] [knobs]``."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {__name__} {ENGINE_COMMAND}",
-        description="The simulated engine (python -m devstack.sim) with its request log.")
-    parser.add_argument("--record-dir", required=True, type=Path)
-    parser.add_argument("--ready-file", type=Path, default=None)
-    EngineKnobs.add_arguments(parser)
-    if args[:1] != [ENGINE_COMMAND]:
-        parser.error(f"the only command is {ENGINE_COMMAND!r}")
-    ns = parser.parse_args(args[1:])
-    try:
-        knobs = EngineKnobs.from_namespace(ns)
-    except SimArgumentError as exc:
-        parser.error(str(exc))
-    ns.record_dir.mkdir(parents=True, exist_ok=True)
-    engine = _LoggedEngine(knobs, record_dir=ns.record_dir, ready_file=ns.ready_file)
-    sys.exit(asyncio.run(engine.run()))
-
-
-if __name__ == "__main__":
-    main()

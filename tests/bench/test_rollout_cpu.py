@@ -42,7 +42,7 @@ of its own by up to two."""
 
 def test_parts_by_command_line() -> None:
     assert part_of("/venv/bin/python -m coordinator serve --port 1 ") == "coordinator"
-    assert part_of("python -m devstack.local_stack engine --port 2 ") == "engine"
+    assert part_of("python -m devstack.logged_engine --port 2 ") == "engine"
     assert part_of("python -m continuation_proxy --upstream u ") == "proxy"
     assert part_of("python -m bench.rollout_load --url u ") == "load"
     assert part_of("/r/bin/python /r/bin/smg launch --port 3 ") == "router"
