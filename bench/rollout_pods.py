@@ -9,7 +9,7 @@ sidecar has no startup probe: ``LocalStack.start_pod(together=True)``); without,
 the engine alone (an engine registered with a coordinator would start a drain on its own
 SIGTERM), stock (SIGKILL its tree on SIGTERM) or with its own graceful wait
 (``--serve-open-streams-s``). Every engine logs the requests it takes
-(``devstack.local_stack``'s engine), so the counts can be held against the engines' own.
+(``devstack.logged_engine``), so the counts can be held against the engines' own.
 
 ``delete`` plays the kubelet and the control plane for one pod (see ``Kube`` for the
 times and why):
