@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from tenacity import RetryCallState, wait_exponential, wait_exponential_jitter
+from tenacity import RetryCallState, wait_exponential
 from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
@@ -73,22 +73,21 @@ def no_pause(seconds: float) -> None:
 
 
 class registration_wait(wait_base):
-    """Pauses from ``REGISTER_FIRST_S``, doubling, jittered: up to
-    ``REGISTER_NOT_LISTENING_MAX_S`` after a refused connection, up to ``REGISTER_MAX_S``
-    after anything else."""
+    """Pauses from ``REGISTER_FIRST_S``, doubling, plus up to ``REGISTER_FIRST_S`` of jitter:
+    at most ``REGISTER_NOT_LISTENING_MAX_S`` after a refused connection, ``REGISTER_MAX_S``
+    after anything else (tenacity's ``wait_exponential_jitter``, with the cap by cause)."""
 
-    def __init__(self) -> None:
-        self.other = wait_exponential_jitter(initial=REGISTER_FIRST_S, max=REGISTER_MAX_S,
-                                             jitter=REGISTER_FIRST_S)
-        self.not_listening = wait_exponential_jitter(
-            initial=REGISTER_FIRST_S, max=REGISTER_NOT_LISTENING_MAX_S,
-            jitter=REGISTER_FIRST_S)
+    def __init__(self, draw: Callable[[], float] = random.random) -> None:
+        self.draw = draw
 
     def __call__(self, retry_state: RetryCallState) -> float:
         outcome = retry_state.outcome
         error = outcome.exception() if outcome is not None else None
         refused = error is not None and isinstance(error.__cause__, ConnectionRefusedError)
-        return (self.not_listening if refused else self.other)(retry_state)
+        cap = REGISTER_NOT_LISTENING_MAX_S if refused else REGISTER_MAX_S
+        exponent = min(retry_state.attempt_number - 1, 64)  # 2 ** 64 s: capped long before
+        pause: float = REGISTER_FIRST_S * 2.0 ** exponent + REGISTER_FIRST_S * self.draw()
+        return min(pause, cap)
 
 
 def registration_retryable(exc: BaseException) -> bool:

@@ -55,21 +55,26 @@ def test_report_pauses_double_from_50_ms_up_to_1_s_without_jitter() -> None:
 
 
 def test_registration_pauses_start_short_and_stay_under_2_s() -> None:
-    wait = _retry.registration_wait()
-    assert 0.05 <= wait(_state(1)) <= 0.1
-    assert all(wait(_state(n)) <= 2.0 for n in range(1, 40))
-    assert max(wait(_state(n, CoordinatorRefused(503, "x"))) for n in range(1, 40)) == 2.0
+    """Doubling from 50 ms, plus up to 50 ms of jitter (a draw of 0.5: 25 ms), capped."""
+    wait = _retry.registration_wait(draw=lambda: 0.5)
+    refused = CoordinatorRefused(503, "x")
+    assert [wait(_state(n, refused)) for n in range(1, 8)] == pytest.approx(
+        [0.075, 0.125, 0.225, 0.425, 0.825, 1.625, 2.0])
+    assert wait(_state(200, refused)) == 2.0
+    jittered = _retry.registration_wait()
+    assert 0.05 <= jittered(_state(1)) <= 0.1
+    assert all(jittered(_state(n)) <= 2.0 for n in range(1, 40))
 
 
 def test_registration_asks_again_within_100_ms_while_nothing_listens() -> None:
     """A refused connection (the coordinator still starting): the pauses grow from 50 ms and
     stay at 0.1 s however many attempts failed; an unreachable coordinator for another
     reason (a timeout) backs off to 2 s."""
-    wait = _retry.registration_wait()
+    wait = _retry.registration_wait(draw=lambda: 0.5)
     refused = CoordinatorUnreachable("POST /workers: refused")
     refused.__cause__ = ConnectionRefusedError(111, "Connection refused")
     pauses = [wait(_state(n, refused)) for n in range(1, 40)]
-    assert 0.05 <= pauses[0] <= 0.1
+    assert pauses[:3] == pytest.approx([0.075, 0.1, 0.1])
     assert max(pauses) == _retry.REGISTER_NOT_LISTENING_MAX_S == 0.1
     timed_out = CoordinatorUnreachable("POST /workers: timed out")
     timed_out.__cause__ = TimeoutError("timed out")
