@@ -171,7 +171,9 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
             ends.append(asyncio.create_task(deployment.delete(old)))
         ready_s = time.monotonic() - started
         deletions = list(await asyncio.gather(*ends))
-        rollout_s = time.monotonic() - started
+        # To the last old pod's last process (its endpoint removal may come later).
+        rollout_s = max((d.gone_at for d in deletions if d.gone_at is not None),
+                        default=time.monotonic()) - started
         clients.send_signal(signal.SIGTERM)  # no new stream; those in flight end
         if await asyncio.to_thread(clients.wait, LOAD_STOP_TIMEOUT_S) != 0:
             raise RuntimeError(f"the load exited {clients.returncode}: see {workdir}/load.log")

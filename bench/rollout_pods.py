@@ -123,6 +123,8 @@ class Deletion:
     endpoint_removed_at: float | None = None
     sigterm_at: float | None = None
     gone_at: float | None = None
+    """Every process of the pod gone (the endpoint removal, ``endpoint_removed_at``, may come
+    after)."""
     hook_exit: int | None = None
     engine_exit: int | None = None
     sigkilled: list[str] = field(default_factory=list)
@@ -198,7 +200,7 @@ class Deployment:
 
     async def delete(self, pod: RolloutPod) -> Deletion:
         """The kubelet and the control plane deleting ``pod`` (the module's steps 1-5);
-        returns when every process of the pod is gone."""
+        returns when every process of the pod is gone and the router was told (step 1)."""
         gone = Deletion(pod.name, time.monotonic())
         deadline = gone.deleted_at + self.kube.grace_period_s
         # 1. Endpoint removal runs beside the hook, as it does in a cluster.
@@ -223,8 +225,10 @@ class Deployment:
                 pod.coordinator.proc.send_signal(signal.SIGTERM)
             await _wait_or_kill(pod.coordinator.proc, max(deadline, time.monotonic() + 2.0),
                                 f"{pod.name} coordinator", gone)
-        await endpoint
+        # The pod is gone once its processes are; the router may drop it later (the endpoint
+        # delay), which the rig waits for before it calls the deletion done.
         gone.gone_at = time.monotonic()
+        await endpoint
         return gone
 
     async def _endpoint_removal(self, pod: RolloutPod, gone: Deletion) -> None:
