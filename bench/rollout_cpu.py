@@ -156,9 +156,9 @@ class CpuByRole:
             self._parts[pid] = None
             return None
         command = _command(pid)
-        if command == self._commands.setdefault(parent, _command(parent)):
-            # Forked and not (yet) exec'd: its parent's part for now, and looked at again
-            # next time (a process the bench starts is the bench's copy until its exec).
+        if not command or command == self._commands.setdefault(parent, _command(parent)):
+            # Forked and not (yet) exec'd, or in the middle of its exec (no command line for
+            # a moment): its parent's part for now, and looked at again next time.
             return inherited
         self._commands[pid] = command
         self._parts[pid] = part_of(command) or inherited
