@@ -9,6 +9,7 @@ words, with the usage exit code.
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -158,7 +159,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the ``serve`` subcommand until the coordinator stops; returns the exit code."""
+    """Run the ``serve`` subcommand until the coordinator stops; returns the exit code.
+
+    No garbage collection until the server listens (``server.collect_from_now_on``): the
+    imports and the app make objects that live as long as the process, and collecting
+    meanwhile only costs CPU. Back on whichever way this returns (a refused start, in a
+    process that goes on)."""
+    gc.disable()
+    try:
+        return _run(args)
+    finally:
+        gc.enable()
+
+
+def _run(args: argparse.Namespace) -> int:
     # Imported here: FastAPI, uvicorn and psutil would slow every other command's start,
     # among them ``drain`` in the preStop hook.
     from pydantic import ValidationError

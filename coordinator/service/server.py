@@ -14,6 +14,7 @@ A second SIGINT (or SIGQUIT) escalates: stop now, without waiting for the drain.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -75,6 +76,10 @@ class CoordinatorServer(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        collect_from_now_on()
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Only record: the loop acts on it in on_tick.
         self.stop_signals.append(sig)
@@ -93,6 +98,18 @@ class CoordinatorServer(uvicorn.Server):
                 self.coordinator.bump()
                 self.should_exit = True
         return await super().on_tick(counter)
+
+
+def collect_from_now_on() -> None:
+    """The garbage collector back on, once the server listens (``serve`` turns it off before
+    its imports), with everything made so far frozen out of its reach.
+
+    The start makes hundreds of thousands of long-lived objects (FastAPI's and pydantic's
+    models, the routes): collecting while they are made finds nothing to free and cost 8 %
+    of the start's CPU, which a new pod pays beside the engines serving on its node. Frozen,
+    they are not scanned again by the collections the drain's work triggers."""
+    gc.freeze()
+    gc.enable()
 
 
 def raise_fd_limit(wanted: int = FD_LIMIT_WANTED) -> int:

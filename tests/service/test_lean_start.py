@@ -4,10 +4,17 @@ adapters, and by a group's follower; each imports it when it is built or first u
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import json
+import socket
 import subprocess
 import sys
 
+from coordinator import exit_codes
+from coordinator.cli import main
+from coordinator.service.server import bind, build_server
+from coordinator.settings import Settings
 from tests.service.servers import ROOT
 
 LOADED = """
@@ -26,3 +33,48 @@ def test_the_service_starts_without_an_http_client() -> None:
                           text=True, timeout=60, check=True)
     loaded = json.loads(done.stdout)
     assert loaded == [], loaded
+
+
+def test_serve_collects_no_garbage_until_it_listens_then_does() -> None:
+    """1. With the collector off (as ``serve`` turns it off before its imports), a server
+       starts: once it listens the collector is on, and what the start made is frozen out
+       of its reach.
+    2. The server stops; the test's process gets its collector as it was."""
+    gc.disable()
+    try:
+        server = build_server(Settings(port=0))
+        sock = bind("127.0.0.1", 0)
+
+        async def start_and_stop() -> tuple[bool, int]:
+            listening = asyncio.Event()
+            seen: list[tuple[bool, int]] = []
+            startup = server.startup
+
+            async def startup_then_look(sockets: list[socket.socket] | None = None) -> None:
+                await startup(sockets=sockets)
+                seen.append((gc.isenabled(), gc.get_freeze_count()))
+                listening.set()
+
+            server.startup = startup_then_look  # type: ignore[method-assign]
+            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            looked = asyncio.create_task(listening.wait())
+            await asyncio.wait({serving, looked}, return_when=asyncio.FIRST_COMPLETED)
+            looked.cancel()
+            server.should_exit = True
+            await serving
+            return seen[0]
+
+        enabled, frozen = asyncio.run(start_and_stop())
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert server.started
+    assert enabled
+    assert frozen > 0
+
+
+def test_a_refused_start_leaves_the_collector_on() -> None:
+    """``serve`` refusing its settings returns with the collector on, in a process that goes
+    on (here, the test's)."""
+    assert main(["serve", "--port", "70000"]) == exit_codes.USAGE
+    assert gc.isenabled()
