@@ -15,7 +15,7 @@ a PID reused by a process of the tree within the run would go uncounted):
   the children it starts (scheduler, detokenizer);
 - ``proxy``: ``python -m continuation_proxy``;
 - ``load``: the clients (``bench.rollout_load``);
-- ``router``: ``smg``;
+- ``router``: ``smg`` (which renames itself ``smg::router``);
 - ``hook``: the preStop hooks (``drain_hook.py``);
 - ``rig``: the bench itself (this thread included), and any process it started that is none
   of the above.
@@ -44,7 +44,7 @@ PARTS = (
     ("engine", ("devstack.logged_engine", "-m devstack.sim")),
     ("proxy", ("-m continuation_proxy",)),
     ("load", ("bench.rollout_load",)),
-    ("router", ("/smg ", "smg launch")),
+    ("router", ("/smg ", "smg launch", "smg::")),  # smg names itself smg::router
     ("hook", ("drain_hook.py",)),
 )
 

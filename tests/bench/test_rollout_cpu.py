@@ -46,6 +46,7 @@ def test_parts_by_command_line() -> None:
     assert part_of("python -m continuation_proxy --upstream u ") == "proxy"
     assert part_of("python -m bench.rollout_load --url u ") == "load"
     assert part_of("/r/bin/python /r/bin/smg launch --port 3 ") == "router"
+    assert part_of("smg::router ") == "router"
     assert part_of("python /x/drain_hook.py --main-by-kubelet ") == "hook"
     assert part_of("python -c pass ") is None
 
