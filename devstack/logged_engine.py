@@ -10,15 +10,13 @@ fields), so tests and benchmarks can hold what clients saw against what the engi
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
-from devstack.sim.errors import SimArgumentError
 from devstack.sim.knobs import EngineKnobs
-from devstack.sim.main_process import EngineMain
+from devstack.sim.main_process import EngineMain, parse_arguments
 from devstack.sim.records import RequestLog
 from devstack.sim.streams import CompletionStreams, HandedBack, Token
 
@@ -79,19 +77,10 @@ async def _log_end(events: AsyncIterator[Token | HandedBack], log: RequestLog,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog=f"python -m {MODULE}",
+    knobs, record_dir, ready_file = parse_arguments(
+        argv, prog=f"python -m {MODULE}",
         description="The simulated engine (python -m devstack.sim) with its request log.")
-    parser.add_argument("--record-dir", required=True, type=Path)
-    parser.add_argument("--ready-file", type=Path, default=None)
-    EngineKnobs.add_arguments(parser)
-    ns = parser.parse_args(argv)
-    try:
-        knobs = EngineKnobs.from_namespace(ns)
-    except SimArgumentError as exc:
-        parser.error(str(exc))
-    ns.record_dir.mkdir(parents=True, exist_ok=True)
-    engine = LoggedEngine(knobs, record_dir=ns.record_dir, ready_file=ns.ready_file)
+    engine = LoggedEngine(knobs, record_dir=record_dir, ready_file=ready_file)
     sys.exit(asyncio.run(engine.run()))
 
 

@@ -340,12 +340,11 @@ def _descendants() -> list[psutil.Process]:
         return []
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m devstack.sim``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m devstack.sim",
-        description="A simulated multi-process inference engine (SGLang-shaped).",
-    )
+def parse_arguments(argv: list[str] | None, *, prog: str,
+                    description: str) -> tuple[EngineKnobs, Path, Path | None]:
+    """An engine's command line (``python -m devstack.sim``'s flags): its knobs, its record
+    directory (made if missing) and its ready file; exits 2 with usage on a bad one."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument(
         "--record-dir",
         required=True,
@@ -365,9 +364,17 @@ def main(argv: list[str] | None = None) -> None:
     except SimArgumentError as exc:
         parser.error(str(exc))
     args.record_dir.mkdir(parents=True, exist_ok=True)
+    return knobs, args.record_dir, args.ready_file
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m devstack.sim``."""
+    knobs, record_dir, ready_file = parse_arguments(
+        argv, prog="python -m devstack.sim",
+        description="A simulated multi-process inference engine (SGLang-shaped).")
     if knobs.nnodes > 1:  # one pod of a multi-node engine: the leader or a follower
         from devstack.sim.group.pod import run_pod
 
-        sys.exit(run_pod(knobs, record_dir=args.record_dir, ready_file=args.ready_file))
-    engine = EngineMain(knobs, record_dir=args.record_dir, ready_file=args.ready_file)
+        sys.exit(run_pod(knobs, record_dir=record_dir, ready_file=ready_file))
+    engine = EngineMain(knobs, record_dir=record_dir, ready_file=ready_file)
     sys.exit(asyncio.run(engine.run()))
