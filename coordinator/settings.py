@@ -57,9 +57,9 @@ def from_environment(environ: Mapping[str, str], names: Iterable[str]) -> dict[s
 class Settings(BaseModel):
     """Everything ``shutdown-coordinator serve`` can be told.
 
-    A plain pydantic model that reads the environment itself (``from_environment``): the
-    settings library it replaces took about a fifth of the coordinator's start, a CPU cost
-    every new pod of a rolling update pays beside the engines serving on the node."""
+    A plain pydantic model that reads the environment itself (``from_environment``), with
+    no settings library: one dependency fewer, and about 8 ms less of the coordinator's
+    start (0.330 -> 0.320 s of CPU to its first ``/healthz``)."""
 
     model_config = ConfigDict(extra="ignore", validate_default=True)
 
