@@ -76,7 +76,7 @@ def _command(pid: int) -> str:
 
 
 class CpuByRole:
-    """Samples the bench's process tree from ``__enter__`` to ``__exit__``."""
+    """Samples the bench's process tree from ``start`` (or ``__enter__``) to ``stop``."""
 
     def __init__(self, sample_s: float = SAMPLE_S) -> None:
         self.sample_s = sample_s
@@ -87,14 +87,16 @@ class CpuByRole:
         """Each sample's CPU seconds by part, summed over its processes (a process's whole
         use so far)."""
         self._parts: dict[int, str | None] = {self.root: "rig"}
+        """Each process whose part is settled: its part, or None when not of the bench's tree
+        (a process not exec'd yet is not settled: it is its parent's part until it is)."""
         self._commands: dict[int, str] = {}
-        """Each process seen: its part, or None when not in the bench's tree."""
-        self._last: dict[int, float] = {}
+        """The command line each settled process had (a child with the same one has not
+        exec'd yet)."""
+        self._live: dict[int, tuple[str, float]] = {}
+        """Each live process of the tree as of the last sample: the part it was charged to
+        and the CPU seconds it had used."""
         self._gone: defaultdict[str, float] = defaultdict(float)
-        self._charged: dict[int, str] = {}
-        """The part each live process is charged to, as of the last sample (a process is
-        charged to its parent's part until its exec: then all it used goes to its own)."""
-        """What processes that ended had used at their last sample."""
+        """What processes that ended had used at their last sample, by part."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cpu-by-role", daemon=True)
 
@@ -123,7 +125,7 @@ class CpuByRole:
     def sample(self) -> None:
         """One look at every process (taken by the thread; callable directly in tests)."""
         now = time.monotonic()
-        alive: dict[int, float] = {}
+        live: dict[int, tuple[str, float]] = {}
         for name in os.listdir("/proc"):
             if not name.isdigit():
                 continue
@@ -133,30 +135,32 @@ class CpuByRole:
             stat = _stat(pid)
             part = None if stat is None else self._part(pid, stat[0])
             if stat is not None and part is not None:
-                alive[pid] = stat[1]
-                self._charged[pid] = part
-        for pid in [p for p in self._last if p not in alive]:  # ended: keep what it used
-            self._gone[self._charged.pop(pid)] += self._last.pop(pid)
-        self._last.update(alive)
+                live[pid] = (part, stat[1])
+        for pid, (part, used) in self._live.items():
+            if pid not in live:  # ended: keep what it had used
+                self._gone[part] += used
+        self._live = live
         total: defaultdict[str, float] = defaultdict(float, self._gone)
-        for pid, used in alive.items():
-            total[self._charged[pid]] += used
+        for part, used in live.values():
+            total[part] += used
         self.times.append(now)
         self.used.append(total)
 
     def _part(self, pid: int, parent: int) -> str | None:
         if pid in self._parts:
             return self._parts[pid]
-        if parent not in self._parts:
-            # Not seen yet (a parent is listed after its child when PIDs wrapped): look it up.
+        if parent in self._parts:
+            inherited = self._parts[parent]
+        else:  # a parent not settled yet, or listed after its child: its part as of now
             stat = _stat(parent) if parent > 1 else None
-            self._parts[parent] = None if stat is None else self._part(parent, stat[0])
-        inherited = self._parts[parent]
+            inherited = None if stat is None else self._part(parent, stat[0])
         if inherited is None:
             self._parts[pid] = None
             return None
         command = _command(pid)
-        if not command or command == self._commands.setdefault(parent, _command(parent)):
+        if parent not in self._commands:
+            self._commands[parent] = _command(parent)
+        if not command or command == self._commands[parent]:
             # Forked and not (yet) exec'd, or in the middle of its exec (no command line for
             # a moment): its parent's part for now, and looked at again next time.
             return inherited
