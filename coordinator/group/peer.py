@@ -30,6 +30,7 @@ from tenacity import (
 from tenacity.stop import stop_base
 
 from coordinator.errors import CoordinatorError
+from coordinator.tls import verify_for
 from shutdown_wire import BEARER
 
 CONNECT_TIMEOUT_S = 2.0
@@ -91,7 +92,8 @@ class LeaderClient:
         self.leader_url = leader_url
         self._http = httpx.AsyncClient(
             base_url=leader_url, headers=headers,
-            timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
+            timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
+            verify=verify_for(leader_url))
 
     async def close(self) -> None:
         await self._http.aclose()

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from coordinator.tls import verify_for
+
 if TYPE_CHECKING:
     import httpx
 
@@ -110,7 +112,7 @@ class EngineProbe:
         # not hold while it serves, nor at all when no engine metrics are configured.
         import httpx
 
-        async with httpx.AsyncClient(timeout=TIMEOUT_S) as http:
+        async with httpx.AsyncClient(timeout=TIMEOUT_S, verify=verify_for(self.url)) as http:
             while True:
                 count, error = await self._read(http)
                 slow = error == SLOW

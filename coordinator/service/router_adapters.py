@@ -46,6 +46,7 @@ from tenacity.stop import stop_base
 from tenacity.wait import wait_base
 
 from coordinator.router_settings import RouterSpec
+from coordinator.tls import verify_for
 
 if TYPE_CHECKING:
     import httpx
@@ -299,7 +300,9 @@ class RouterAdapters:
             # Imported and built here, before any drain: the first call pays no set-up.
             import httpx
 
-            self._http = httpx.AsyncClient(timeout=ATTEMPT_TIMEOUT_S)
+            self._http = httpx.AsyncClient(
+                timeout=ATTEMPT_TIMEOUT_S,
+                verify=verify_for(worker_url, *(spec.url for spec in specs)))
 
     def drain_started(self, migration_deadline_at: float) -> None:
         """Take the worker out of every router (returns at once; step 1)."""
