@@ -25,6 +25,16 @@ The strategies, each a whole rollout of the same fleet in the same run:
    of smg (``python -m continuation_proxy``), which continues each handed-back stream through
    smg on another pod. Left out (and said so) when the proxy is not installed.
 
+Two controls follow, not ways to deploy: each takes one thing in or out of a strategy's
+rollout, to show what that thing costs on the machine the bench runs on (their numbers are
+printed, not judged against the goals):
+
+5. ``continuation-prestarted``: ``continuation`` with the new pods' coordinators started
+   before the steady state, so the rollout starts only their engines (no Deployment can do
+   this: a pod's sidecar starts with the pod);
+6. ``sleep-wait-proxied``: ``sleep-wait`` with the clients behind the continuation proxy,
+   which then has nothing to continue: what its hop costs under the rollout's load.
+
 For each: requests failed, streams cut, tokens lost and duplicated (``bench/rollout_load.py``
 says how each is counted, against the engine's deterministic tokens), p50/p99 time to first
 token and inter-token latency during the rollout against the steady state measured just
@@ -69,6 +79,15 @@ STRATEGIES = (
     Strategy("coordinator", "coordinator, no continuation", coordinator=True),
     Strategy("continuation", "coordinator + continuation proxy", coordinator=True,
              continuation=True),
+    Strategy("continuation-prestarted",
+             "control: coordinator + continuation proxy, coordinators started before",
+             coordinator=True, continuation=True, prestarted=True,
+             control="continuation with the new pods' coordinators started before the "
+                     "steady state: the rollout without the coordinators' start"),
+    Strategy("sleep-wait-proxied", "control: preStop sleep + engine's wait, behind the proxy",
+             prestop_sleep=True, engine_wait=True, continuation=True,
+             control="sleep-and-wait with the clients behind the continuation proxy, which "
+                     "has nothing to continue: the proxy's hop under the rollout's load"),
 )
 BASELINE = "sleep-wait"
 ITL_TOLERANCE = 1.10
@@ -151,6 +170,9 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
         cpu.start()
         deployment = Deployment(stack, strategy, kube, token_interval_ms=params.token_interval_ms)
         await asyncio.to_thread(deployment.start, params.pods)
+        new_pods = [f"new{i}" for i in range(params.pods)]
+        if strategy.prestarted:
+            await asyncio.to_thread(deployment.prestart, new_pods)
         url = deployment.router.url
         if strategy.continuation:
             url = await asyncio.to_thread(_start_proxy, stack, url, deployment)
@@ -166,7 +188,7 @@ async def run_strategy(strategy: Strategy, params: Params, kube: Kube, workdir: 
         surges: list[tuple[float, float]] = []
         for i, old in enumerate(list(deployment.pods)):
             began = started if i == 0 else time.monotonic()  # one start for both filters
-            await asyncio.to_thread(deployment.surge, f"new{i}")
+            await asyncio.to_thread(deployment.surge, new_pods[i])
             surges.append((began, time.monotonic()))
             ends.append(asyncio.create_task(deployment.delete(old)))
         ready_s = time.monotonic() - started
@@ -265,9 +287,14 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
     out += table(results)
     out.append("")
     for res in results:
-        marks = [f"{goal}: {'met' if met else 'unjudged' if met is None else 'NOT met'} ({note})"
-                 for goal, met, note in goals(res, baseline)]
-        out.append(f"{res.strategy.name}: " + "; ".join(marks))
+        if res.strategy.control:  # not a way to deploy: its numbers, not verdicts
+            marks = [f"{goal}: {note}" for goal, _, note in goals(res, baseline)[3:]]
+            out.append(f"{res.strategy.name} (control: {res.strategy.control}): "
+                       + "; ".join(marks))
+        else:
+            marks = [f"{goal}: {'met' if met else 'unjudged' if met is None else 'NOT met'} "
+                     f"({note})" for goal, met, note in goals(res, baseline)]
+            out.append(f"{res.strategy.name}: " + "; ".join(marks))
         ends = [d for d in res.deletions if d.gone_at is not None]
         took = [d.gone_at - d.deleted_at for d in ends if d.gone_at is not None]
         starting = [ready - began for began, ready in res.surges]
@@ -324,7 +351,8 @@ def _latency_notes(res: Result) -> list[str]:
 
 def _as_json(results: list[Result], params: Params, kube: Kube) -> dict[str, Any]:
     return {"params": asdict(params), "kube": asdict(kube), "cpus": os.cpu_count(),
-            "results": [{"strategy": r.strategy.name, "steady": r.steady.as_dict(),
+            "results": [{"strategy": r.strategy.name, "control": bool(r.strategy.control),
+                         "steady": r.steady.as_dict(),
                          "rollout": r.rollout.as_dict(), "rollout_s": r.rollout_s,
                          "ready_s": r.ready_s, "surges": r.surges,
                          "load_average": r.load_average, "cpu": r.cpu,
@@ -363,10 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown strategies {sorted(unknown)}")
     left_out = []
-    if "continuation" in names and not proxy_installed():
-        names.remove("continuation")
-        left_out.append("continuation (the continuation proxy, continuation_proxy/, is not "
-                        "installed in this checkout)")
+    if not proxy_installed():
+        for strategy in STRATEGIES:
+            if strategy.continuation and strategy.name in names:
+                names.remove(strategy.name)
+                left_out.append(f"{strategy.name} (the continuation proxy, "
+                                "continuation_proxy/, is not installed in this checkout)")
     with tempfile.TemporaryDirectory(prefix="rollout-") as tmp:
         workdir = args.keep or Path(tmp)
         results = asyncio.run(run(names, params, kube, workdir))

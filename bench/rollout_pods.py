@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 
 from devstack import looks, routers
-from devstack.local_stack import CoordinatorProcess, LocalStack, RoutedFleet
+from devstack.local_stack import CoordinatorProcess, LocalStack, Prestarted, RoutedFleet
 from devstack.logged_engine import logged_argv
 from devstack.routers import RouterProcess
 from devstack.sim.launcher import EngineHandle, engine_environment, start_engine
@@ -70,6 +70,12 @@ class Strategy:
     """Without a coordinator: the engine serves open streams to their end on SIGTERM
     (``Kube.engine_wait_s``, ``--serve-open-streams-s``); else it is stock (SIGKILL its
     tree)."""
+    prestarted: bool = False
+    """The new pods' coordinators are started before the steady state is measured
+    (``Deployment.prestart``), so the rollout starts only their engines."""
+    control: str = ""
+    """Not a way to deploy but a control, taking one thing in or out of another strategy's
+    rollout: what it shows."""
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,7 @@ class Deployment:
         self.pods: list[RolloutPod] = []
         self._router: RouterProcess | None = None
         self._fleet: RoutedFleet | None = None
+        self._prestarted: dict[str, Prestarted] = {}
 
     @property
     def router(self) -> RouterProcess:
@@ -166,12 +173,21 @@ class Deployment:
         self._router = routers.start_router("smg", self._spawn_router, self.stack.workdir,
                                             [p.url for p in self.pods])
 
+    def prestart(self, names: Sequence[str]) -> None:
+        """Start the coordinators of the new pods ``names`` now (``Strategy.prestarted``;
+        with coordinators only), each up before the next starts; ``surge`` starts their
+        engines beside them."""
+        assert self._fleet is not None, "prestart is for pods with coordinators"
+        for name in names:
+            self._prestarted[name] = self.stack.prestart_routed_coordinator(self._fleet, name)
+
     def surge(self, name: str) -> RolloutPod:
         """A new pod, returned once it is Ready: its coordinator's ``/readyz`` answers 200
         (with one) and smg routes to it (the coordinator's join adds it; so does the call
         here, as service discovery would: whichever comes first)."""
         if self._fleet is not None:
-            made = self.stack.add_routed_pod(self._fleet, name)
+            made = self.stack.add_routed_pod(self._fleet, name,
+                                             prestarted=self._prestarted.pop(name, None))
             pod = RolloutPod(made.name, made.engine, made.coordinator)
             _wait_ready(f"{pod.coordinator.url}/readyz")  # type: ignore[union-attr]
         else:

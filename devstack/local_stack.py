@@ -110,6 +110,16 @@ class RoutedFleet:
         return self.router.kind
 
 
+@dataclass(frozen=True)
+class Prestarted:
+    """A routed pod's coordinator, started before its engine
+    (``LocalStack.prestart_routed_coordinator``)."""
+
+    coordinator: CoordinatorProcess
+    engine_url: str
+    """Where the pod's engine will listen: the coordinator was told so."""
+
+
 class LocalStack:
     """Processes of a local pod fleet; every one of them ends in ``close()``."""
 
@@ -162,7 +172,7 @@ class LocalStack:
 
     def start_pod(self, name: str, coordinator_args: Sequence[str] = (), *,
                   request_log: bool = False, together: bool = False,
-                  **engine_knobs: Any) -> Pod:
+                  coordinator: CoordinatorProcess | None = None, **engine_knobs: Any) -> Pod:
         """A coordinator, then an engine that registers with it (waits for the registration).
 
         ``request_log``: the engine logs every request it takes (``Pod.requests()``): the
@@ -170,8 +180,13 @@ class LocalStack:
         ``together``: the engine starts right after the coordinator's process, not once the
         coordinator answers, as the kubelet starts the manifests' pods (the native sidecar
         has no startup probe: deploy/kubernetes/base/engine-deployment.yaml); the engine's
-        worker client registers once the coordinator listens."""
-        if together:
+        worker client registers once the coordinator listens.
+        ``coordinator``: one already running, started by this stack (``coordinator_args``
+        and ``together`` then unused): only the engine starts."""
+        proc = None
+        if coordinator is not None:
+            coordinator_url = coordinator.url
+        elif together:
             port = routers.free_port()
             proc = self._spawn_coordinator(f"{name}-coordinator", *coordinator_args,
                                            port=port)
@@ -187,11 +202,12 @@ class LocalStack:
 
         engine = start_engine(spawn, self.workdir / f"{name}-records",
                               coordinator=coordinator_url, **engine_knobs)
-        if together:
+        if proc is not None:
             coordinator = self._coordinator_up(f"{name}-coordinator", proc)
             if coordinator.url != coordinator_url:
                 raise StackError(f"{name}'s coordinator listens on {coordinator.url}, "
                                  f"not {coordinator_url}")
+        assert coordinator is not None
         pod = Pod(name, coordinator, engine)
         _wait_until(lambda: _registered(pod), f"{name}'s engine to register")
         return pod
@@ -238,7 +254,8 @@ class LocalStack:
                                       health_check_interval_s=health_check_interval_s)
         return RoutedFleet(router, pods, adapter, tuple(coordinator_args), knobs)
 
-    def add_routed_pod(self, fleet: RoutedFleet, name: str, **engine_knobs: Any) -> Pod:
+    def add_routed_pod(self, fleet: RoutedFleet, name: str, *,
+                       prestarted: Prestarted | None = None, **engine_knobs: Any) -> Pod:
         """A new pod behind ``fleet``'s router (a rolling update's surge pod), returned once
         the router routes to it:
 
@@ -247,10 +264,12 @@ class LocalStack:
         2. the coordinator, with ``--router KIND=URL --router-worker-url ENGINE_URL`` when the
            fleet's adapters are on;
         3. the engine, registered with its coordinator (``start_pod``);
-        4. the engine added to the router through its API (``RouterProcess.add_worker``)."""
+        4. the engine added to the router through its API (``RouterProcess.add_worker``).
+
+        ``prestarted``: steps 1 and 2 were taken before (``prestart_routed_coordinator``)."""
         knobs = {**fleet.engine_knobs, **engine_knobs}
         pod = self._routed_pod(name, fleet.kind, fleet.router.url, fleet.adapter,
-                               fleet.coordinator_args, knobs)
+                               fleet.coordinator_args, knobs, prestarted)
         fleet.router.add_worker(pod.engine.url)
         fleet.pods.append(pod)
         return pod
@@ -268,12 +287,29 @@ class LocalStack:
                           f"{name}.log")
         return _wait_for_json_url(proc, ready, name)
 
-    def _routed_pod(self, name: str, kind: str, router_url: str, adapter: bool,
-                    coordinator_args: Sequence[str], knobs: dict[str, Any]) -> Pod:
+    def prestart_routed_coordinator(self, fleet: RoutedFleet, name: str) -> Prestarted:
+        """The coordinator of a pod ``add_routed_pod`` will start later (``prestarted``):
+        told of the fleet's router and of the engine's URL-to-be as that pod's would be,
+        returned once it answers. The engine's port is picked now: another process could
+        take it before the engine starts, which the engine's start then reports."""
         engine_url = f"http://127.0.0.1:{routers.free_port()}"
-        told = ["--router", f"{kind}={router_url}", "--router-worker-url", engine_url]
-        pod = self.start_pod(name, [*(told if adapter else []), *coordinator_args],
-                             request_log=True, together=True,
+        args = _routed_args(fleet.kind, fleet.router.url, engine_url, fleet.adapter)
+        coordinator = self.start_coordinator(f"{name}-coordinator", *args,
+                                             *fleet.coordinator_args)
+        return Prestarted(coordinator, engine_url)
+
+    def _routed_pod(self, name: str, kind: str, router_url: str, adapter: bool,
+                    coordinator_args: Sequence[str], knobs: dict[str, Any],
+                    prestarted: Prestarted | None = None) -> Pod:
+        if prestarted is not None:
+            engine_url = prestarted.engine_url
+            coordinator: CoordinatorProcess | None = prestarted.coordinator
+        else:
+            engine_url = f"http://127.0.0.1:{routers.free_port()}"
+            coordinator = None
+        pod = self.start_pod(name, [*_routed_args(kind, router_url, engine_url, adapter),
+                                    *coordinator_args],
+                             request_log=True, together=True, coordinator=coordinator,
                              **{**knobs, "port": int(engine_url.rsplit(":", 1)[1])})
         if pod.engine.url != engine_url:  # the router would know it by another name
             raise StackError(f"{name}'s engine listens on {pod.engine.url}, not {engine_url}")
@@ -301,6 +337,13 @@ class LocalStack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def _routed_args(kind: str, router_url: str, engine_url: str, adapter: bool) -> list[str]:
+    """What a routed pod's coordinator is told of its router (nothing without the adapter)."""
+    if not adapter:
+        return []
+    return ["--router", f"{kind}={router_url}", "--router-worker-url", engine_url]
 
 
 def _registered(pod: Pod) -> bool:

@@ -11,6 +11,7 @@ shows. It needs the real router: marked ``engine``, it runs with the engine test
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,18 @@ def _attempts(result: Result) -> dict[str, list[dict[str, Any]]]:
     return attempts
 
 
+def _smallest_rollout(name: str, janitor: ProcessJanitor, tmp_path: Path) -> Result:
+    if not routers.installed():
+        pytest.skip("the routers are not installed: run scripts/engines.sh routers")
+    strategy = next(s for s in STRATEGIES if s.name == name)
+    if strategy.continuation and not proxy_installed():
+        pytest.skip("the continuation proxy is not installed")
+    params = Params(pods=2, clients=4, max_tokens=60, warmup_s=1.0, steady_s=2.0)
+    return asyncio.run(run_strategy(strategy, params, Kube(), tmp_path, janitor.spawn))
+
+
 @pytest.mark.engine
-@pytest.mark.parametrize("name", ["coordinator", "continuation"])
+@pytest.mark.parametrize("name", ["coordinator", "continuation", "continuation-prestarted"])
 def test_the_smallest_rollout_counts_what_the_engines_saw(name: str, janitor: ProcessJanitor,
                                                           tmp_path: Path) -> None:
     """1. Two pods behind the real smg, each with a coordinator told of it; four clients
@@ -93,14 +104,12 @@ def test_the_smallest_rollout_counts_what_the_engines_saw(name: str, janitor: Pr
        a client, lost = the tokens those did not produce, nothing failed or duplicated;
        every hand-back is in the rollout's numbers, none in the steady state's.
     6. Every process of the old pods exited on its own (no kubelet SIGKILL), the hooks
-       returned 0, the old engines exited 0."""
-    if not routers.installed():
-        pytest.skip("the routers are not installed: run scripts/engines.sh routers")
-    strategy = next(s for s in STRATEGIES if s.name == name)
-    if strategy.continuation and not proxy_installed():
-        pytest.skip("the continuation proxy is not installed")
-    params = Params(pods=2, clients=4, max_tokens=60, warmup_s=1.0, steady_s=2.0)
-    result = asyncio.run(run_strategy(strategy, params, Kube(), tmp_path, janitor.spawn))
+       returned 0, the old engines exited 0.
+    7. The control with its coordinators started before (``continuation-prestarted``): each
+       new pod's coordinator wrote its port file (as it started listening) before the
+       rollout's first new pod started."""
+    result = _smallest_rollout(name, janitor, tmp_path)
+    strategy = result.strategy
 
     attempts = _attempts(result)
     sent = {s.request_id: s for s in result.sent}
@@ -131,3 +140,27 @@ def test_the_smallest_rollout_counts_what_the_engines_saw(name: str, janitor: Pr
     assert all(not d.sigkilled for d in result.deletions), result.deletions
     assert {d.hook_exit for d in result.deletions} == {0}, result.deletions
     assert {d.engine_exit for d in result.deletions} == {0}, result.deletions
+
+    if strategy.prestarted:  # step 7: by the coordinators' own port files
+        offset = time.time() - time.monotonic()
+        written = [(tmp_path / f"new{i}-coordinator.port.json").stat().st_mtime - offset
+                   for i in range(2)]
+        assert max(written) < result.surges[0][0], (written, result.surges)
+
+
+@pytest.mark.engine
+def test_the_proxied_sleep_wait_control_continues_nothing(janitor: ProcessJanitor,
+                                                          tmp_path: Path) -> None:
+    """The control ``sleep-wait-proxied``: the clients behind the continuation proxy, the pods
+    without coordinators. By the engines' own logs, every request the clients sent was
+    taken once and served whole (nothing to continue: the engines finish their streams on
+    SIGTERM), no engine took a request nobody sent, and the table counts nothing lost."""
+    result = _smallest_rollout("sleep-wait-proxied", janitor, tmp_path)
+    attempts = _attempts(result)
+    assert set(attempts) == {s.request_id for s in result.sent}
+    assert all([r["how"] for r in tried] == ["done"] for tried in attempts.values()), attempts
+    assert all(s.end == "done" and s.tokens() == s.expected() for s in result.sent)
+    whole = tally(result.sent)
+    assert (whole.cut, whole.lost, whole.failed, whole.duplicated) == (0, 0, 0, 0)
+    assert {d.engine_exit for d in result.deletions} == {0}, result.deletions
+    assert all(not d.sigkilled for d in result.deletions), result.deletions
