@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,30 +103,30 @@ class Vllm:
 
 def start_vllm(
     janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None,
-    max_model_len: int = 512,
+    max_model_len: int = 512, served_model: str = "tiny", flags: Sequence[str] = (),
 ) -> Vllm:
     """Start an unmodified vLLM (``vllm.entrypoints.openai.api_server``) and wait until healthy.
 
     ``argv`` replaces the module to run (an example server that wraps vLLM) and receives the
-    same engine flags.
+    same engine flags; ``flags`` are added to them.
     """
     python = engine_python("vllm")
     port = free_port()
     log = tmp / f"vllm-{port}.log"
     module = argv or ["-m", "vllm.entrypoints.openai.api_server"]
     engine_flags = [
-        "--model", str(model_dir), "--served-model-name", "tiny",
+        "--model", str(model_dir), "--served-model-name", served_model,
         "--load-format", "dummy", "--max-model-len", str(max_model_len),
         # Reserve a fixed KV cache: the default reserves a fraction of all memory and refuses
         # to start when other processes use some of it.
         "--kv-cache-memory-bytes", str(256 * 2**20),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), *flags,
     ]
     env = {"VLLM_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = spawn_logged(janitor, [str(python), *module, *engine_flags], log, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", proc, log, timeout=VLLM_START_S, what="vLLM healthy")
-    return Vllm(proc=proc, url=url, log=log, served_model="tiny")
+    return Vllm(proc=proc, url=url, log=log, served_model=served_model)
 
 
 def tree(pid: int) -> dict[int, str]:
