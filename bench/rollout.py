@@ -288,7 +288,7 @@ def report(results: list[Result], params: Params, kube: Kube, left_out: list[str
     out.append("")
     for res in results:
         if res.strategy.control:  # not a way to deploy: its numbers, not verdicts
-            marks = [f"{goal}: {note}" for goal, _, note in goals(res, baseline)[3:]]
+            marks = [f"{goal}: {note}" for goal, _, note in goals(res, baseline)]
             out.append(f"{res.strategy.name} (control: {res.strategy.control}): "
                        + "; ".join(marks))
         else:

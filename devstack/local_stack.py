@@ -301,15 +301,13 @@ class LocalStack:
     def _routed_pod(self, name: str, kind: str, router_url: str, adapter: bool,
                     coordinator_args: Sequence[str], knobs: dict[str, Any],
                     prestarted: Prestarted | None = None) -> Pod:
-        if prestarted is not None:
-            engine_url = prestarted.engine_url
-            coordinator: CoordinatorProcess | None = prestarted.coordinator
+        if prestarted is not None:  # its coordinator was told all this when it started
+            engine_url, args = prestarted.engine_url, []
         else:
             engine_url = f"http://127.0.0.1:{routers.free_port()}"
-            coordinator = None
-        pod = self.start_pod(name, [*_routed_args(kind, router_url, engine_url, adapter),
-                                    *coordinator_args],
-                             request_log=True, together=True, coordinator=coordinator,
+            args = [*_routed_args(kind, router_url, engine_url, adapter), *coordinator_args]
+        pod = self.start_pod(name, args, request_log=True, together=True,
+                             coordinator=prestarted.coordinator if prestarted else None,
                              **{**knobs, "port": int(engine_url.rsplit(":", 1)[1])})
         if pod.engine.url != engine_url:  # the router would know it by another name
             raise StackError(f"{name}'s engine listens on {pod.engine.url}, not {engine_url}")

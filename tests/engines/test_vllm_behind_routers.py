@@ -41,9 +41,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(900),
 
 CLIENTS = 6
 MAX_TOKENS = 1000
-"""Tokens per stream: vLLM makes them in one to two seconds here, the simulated engines in
-2 s (2 ms a token). The drain starts while a stream vLLM serves is at most half way, so it is
-still in flight for a second or so, against the milliseconds the call takes to leave."""
+"""Tokens per stream (2 s on the simulated engines, at 2 ms a token). The drain starts while
+a stream vLLM serves is at most half way, so that stream is still in flight for hundreds of
+tokens after the drain's call leaves, which takes milliseconds."""
 AFTER_TOLD = 12
 """Streams sent after the router was told that must end before the load stops: enough that round
 robin would have sent some of them to vLLM."""
@@ -148,7 +148,9 @@ def removal_answered(coordinator_url: str) -> dict[str, Any] | None:
 
 
 async def _until(predicate: Any, what: str) -> Any:
-    return await asyncio.to_thread(wait_for, predicate, timeout=WAIT_S, what=what)
+    # Every 50 ms: a look may read vLLM's whole log.
+    return await asyncio.to_thread(wait_for, predicate, timeout=WAIT_S, what=what,
+                                   interval=0.05)
 
 
 async def test_a_drained_vllm_pod_behind_a_router_gets_no_new_request_and_loses_none(
