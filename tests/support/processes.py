@@ -85,10 +85,21 @@ class _Stat:
     flags: int
     ticks: int
     """Clock ticks from boot to the process's creation: with the PID, its identity."""
+    arg_end: int
+    """Where its command line ends in its memory: 0 while an exec has not yet laid the new
+    program's arguments out (and once it has no memory left: exiting, or a kernel thread)."""
 
     @property
     def zombie(self) -> bool:
         return self.state in ("Z", "X")
+
+    @property
+    def mid_exec(self) -> bool:
+        """Alive, not exiting, and without a command line of its own yet: between the
+        kernel's switch to the new program's memory and the layout of its arguments,
+        ``/proc/<pid>/cmdline`` reads empty (and, earlier in that window, the name may
+        still be the old program's)."""
+        return not self.zombie and not self.flags & PF_EXITING and self.arg_end == 0
 
 
 def _read_stat(pid: int) -> _Stat | None:
@@ -101,7 +112,7 @@ def _read_stat(pid: int) -> _Stat | None:
     rest = text[close_at + 2 :].split()
     return _Stat(pid=pid, name=text[text.index("(") + 1 : close_at], state=rest[0],
                  ppid=int(rest[1]), pgid=int(rest[2]), sid=int(rest[3]), flags=int(rest[6]),
-                 ticks=int(rest[19]))
+                 ticks=int(rest[19]), arg_end=int(rest[46]))
 
 
 def _scan() -> dict[int, _Stat]:
@@ -112,22 +123,27 @@ def _scan() -> dict[int, _Stat]:
     return out
 
 
-EXEC_WAIT_S = 5.0
-"""Longest wait for a child to finish its exec (``_wait_exec_done``)."""
+EXEC_WAIT_S = 30.0
+"""Longest wait for a process to finish laying out its new program (``_settled``): it only
+bounds a failure (a process that never does), so it is generous for a loaded machine."""
 
 
-def _wait_exec_done(pid: int) -> None:
-    """Return once our child ``pid`` has finished exec'ing its program (or has ended).
+def _settled(pid: int) -> _Stat | None:
+    """``pid`` read once it is not in the middle of an exec (``_Stat.mid_exec``), or has
+    ended; None when it is gone.
 
-    ``Popen`` returns when its close-on-exec error pipe closes, which the kernel does early
-    in exec: for a moment after, ``/proc/<pid>/cmdline`` is empty and the name may still be
-    the parent's, so a leak found then would be described without its command. Before
-    exec the cmdline is the parent's (never empty), so a non-empty one now means done."""
+    Every description the janitor gives of a process (its name and command line) is read
+    through this: a process found mid-exec would otherwise be described with an empty
+    command line. ``Popen`` returns in that window (the close-on-exec error pipe closes
+    early in the kernel's exec), and a child the test or its processes started that way is
+    often still in it when the janitor looks: most of 2,000 read at once, on an idle
+    machine. Before its exec a child shows its parent's command line, which is its own
+    true one then. The kernel offers no event for an exec's end, so this polls ``stat``."""
     deadline = time.monotonic() + EXEC_WAIT_S
-    while time.monotonic() < deadline:
+    while True:
         seen = _read_stat(pid)
-        if seen is None or seen.zombie or _cmdline(pid):
-            return
+        if seen is None or not seen.mid_exec or time.monotonic() > deadline:
+            return seen
         time.sleep(0.0005)
 
 
@@ -283,8 +299,7 @@ class ProcessJanitor:
             stdin=subprocess.DEVNULL,
             start_new_session=new_session,
         )
-        _wait_exec_done(proc.pid)
-        seen = _read_stat(proc.pid)  # our child: readable until we reap it
+        seen = _settled(proc.pid)  # our child: readable until we reap it
         started = _Started(proc, None if seen is None else seen.ticks, new_session,
                            auto_dir(full_env))
         self._started.append(started)
@@ -329,6 +344,10 @@ class ProcessJanitor:
             if (seen is None or seen.zombie or pid in found or pid in self._excluded
                     or (ticks is not None and seen.ticks != ticks)):
                 return False
+            # Read again, not from the snapshot: it may have begun an exec since.
+            now = _settled(pid)
+            if now is not None and now.ticks == seen.ticks:
+                seen = now  # its own name now, not the program it replaced
             found[pid] = Found(pid, seen.ticks, seen.name, _cmdline(pid), how, service)
             self._known[pid] = seen.ticks
             return True
@@ -378,9 +397,13 @@ class ProcessJanitor:
                         break
         return found
 
-    def leftovers(self) -> list[Found]:
-        """Live processes this janitor is responsible for (services included)."""
-        return list(self._find(_scan()).values())
+    def leftovers(self, among: Iterable[int] | None = None) -> list[Found]:
+        """Live processes this janitor is responsible for (services included); with
+        ``among``, only those of these PIDs (without reading the rest of ``/proc``)."""
+        if among is None:
+            return list(self._find(_scan()).values())
+        snap = {pid: seen for pid in among if (seen := _read_stat(pid)) is not None}
+        return list(self._find(snap).values())
 
     # Ending.
 

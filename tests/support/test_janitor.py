@@ -82,6 +82,9 @@ def test_escaped_grandchild(janitor):
     shell = janitor.spawn(["sh", "-c", "sleep 600 >/dev/null & echo $!"], stdout=subprocess.PIPE,
                           text=True)
     out, _ = shell.communicate(timeout=30)
+    # The shell prints $! once it forked: until its child's exec, that child is a shell.
+    wait_for(lambda: Path(f"/proc/{int(out)}/comm").read_text() == "sleep\\n",
+             what="the grandchild's exec")
     record("grandchild", int(out))
 
 
@@ -274,3 +277,26 @@ def test_a_spawned_process_shows_its_own_command_at_once(janitor: ProcessJanitor
         proc.kill()
         proc.wait()
     assert [c for c in shown if c != b"sleep\x00600\x00"] == []
+
+
+def test_a_process_found_mid_exec_is_described_by_its_own_command(
+    janitor: ProcessJanitor,
+) -> None:
+    """1. 2,000 times: start ``sleep 600`` with ``subprocess.Popen`` (a child of the test
+       process the janitor did not start, as a test's or a service's own child is), and
+       have the janitor find it as soon as ``Popen`` returns: mid-exec, most of the time,
+       when ``/proc/<pid>/cmdline`` still reads empty. End it.
+    2. Each one was found, as the test's own child, named ``sleep`` and described as
+       ``sleep 600``: the janitor waits for the exec to lay the command line out before it
+       reads it, where its failure message would otherwise show an empty command."""
+    seen = []
+    for _ in range(2000):
+        proc = subprocess.Popen(["sleep", "600"])
+        try:
+            seen += [(f.name, f.cmdline, f.how) for f in janitor.leftovers(among=[proc.pid])]
+        finally:
+            proc.kill()
+            proc.wait()
+    expected = ("sleep", "sleep 600", "a child of the test process, not started by the janitor")
+    assert len(seen) == 2000
+    assert [s for s in seen if s != expected] == []
