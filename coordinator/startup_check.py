@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from coordinator.drain.budget import split_budget, total_budget
+from coordinator.drain.budget import split_budget, too_short_for_a_tier, total_budget
 from coordinator.router_settings import NEEDS_WORKER_URL
 from coordinator.settings import ENV_PREFIX, Settings
 
@@ -124,7 +124,21 @@ def missing_adopt_pids(pids: Sequence[int]) -> list[str]:
 
 def warnings(settings: Settings, environ: Mapping[str, str]) -> list[str]:
     return [*unknown_variables(environ, Settings.model_fields),
-            *missing_adopt_pids(settings.adopt_pids)]
+            *missing_adopt_pids(settings.adopt_pids), *short_budget(settings)]
+
+
+def short_budget(settings: Settings) -> list[str]:
+    """A budget shorter than one kill tier (``budget.too_short_for_a_tier``), named by the
+    settings that make it."""
+    split = split_budget(total_budget(settings.grace_period_s, settings.safety_margin_s),
+                         tier_timeout_s=settings.tier_timeout_s, confirm_s=settings.confirm_s,
+                         termination_share=settings.termination_share,
+                         min_drain_s=settings.min_drain_s)
+    warning = too_short_for_a_tier(split, tier_timeout_s=settings.tier_timeout_s)
+    if warning is None:
+        return []
+    return [f"--grace-period {settings.grace_period_s:g} --safety-margin "
+            f"{settings.safety_margin_s:g}: {warning}"]
 
 
 def effective(settings: Settings) -> dict[str, Any]:

@@ -91,7 +91,7 @@ def exit_code(report: KillReport) -> int:
 
 def render(report: KillReport) -> str:
     """The report as a table (the ``status`` table style), in the order processes ended."""
-    from coordinator.service.render import table
+    from coordinator.service.render import shown, table
 
     rows = [[p.pid, p.depth, p.fate.value, p.signal, None if p.elapsed_ms is None
              else f"{p.elapsed_ms:.0f}", "?" if p.exit_code is None else p.exit_code,
@@ -101,5 +101,5 @@ def render(report: KillReport) -> str:
     counts = ", ".join(f"{n} {fate}" for fate, n in report.counts().items() if n)
     lines.append(f"{len(report.processes)} processes: {counts} "
                  f"({report.mode}, exits seen by {report.exit_detection})")
-    lines.extend(f"note: {note}" for note in report.notes)
+    lines.extend(f"note: {shown(note)}" for note in report.notes)
     return "\n".join(lines)

@@ -90,3 +90,16 @@ def anchor(split: BudgetSplit, started_at: float) -> Deadlines:
 def remaining(deadline_at: float, now: float) -> float:
     """Seconds left until ``deadline_at`` (0 when past)."""
     return max(0.0, deadline_at - now)
+
+
+def too_short_for_a_tier(split: BudgetSplit, *, tier_timeout_s: float) -> str | None:
+    """A warning when the whole budget is shorter than one kill tier's timeout, else None:
+    even a kill given all of it cannot give a single tier its wait, so processes get a
+    fraction of what they were meant to have between their graceful signal and SIGKILL."""
+    if split.total_s >= tier_timeout_s:
+        return None
+    return (f"the drain's budget is {split.total_s:g}s ({split.migration_s:g}s to migrate, "
+            f"{split.termination_s:g}s to terminate), shorter than one kill tier's timeout "
+            f"({tier_timeout_s:g}s): processes get a fraction of it between their graceful "
+            "signal and SIGKILL; raise --grace-period (the pod's "
+            "terminationGracePeriodSeconds) or lower --safety-margin")

@@ -207,3 +207,29 @@ def confirm_wait_s(
     less ``kept_s`` (what the later tiers keep, so a process stuck in the kernel cannot take
     their time)."""
     return max(0.0, min(confirm_s, deadline_at - kept_s - now))
+
+
+def planned_waits(
+    timeouts: Sequence[float], *, deadline_s: float, confirm_s: float, stubborn: bool
+) -> list[float]:
+    """How long each tier of a kill with ``deadline_s`` would wait between its graceful
+    signal and SIGKILL, by the rules above (``allotted_wait_s``), as the kill engine applies
+    them tier after tier: with ``stubborn``, every process outlives its wait (the least a
+    tier gets: each one before it takes all it may); without, every process exits at its
+    signal (the most: the time left is the whole deadline at each tier's start)."""
+    if not timeouts:
+        return []
+    reserve = confirm_reserve(deadline_s, confirm_s)
+    last_reserve = last_tier_reserve_s(usable_s=deadline_s - reserve,
+                                       last_timeout_s=timeouts[-1])
+    now = 0.0
+    waits = []
+    for index, timeout in enumerate(timeouts):
+        wait = allotted_wait_s(now=now, tier_started_at=now, timeout_s=timeout,
+                               deadline_at=deadline_s, reserve_s=reserve,
+                               later_timeouts=timeouts[index + 1:],
+                               last_reserve_s=last_reserve)
+        waits.append(wait)
+        if stubborn:
+            now += wait  # SIGKILLed at the end of it (a SIGKILL ends a process at once)
+    return waits

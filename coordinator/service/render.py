@@ -1,4 +1,12 @@
-"""Plain-text views of ``/status`` documents for people (the ``status`` and ``drain`` commands)."""
+"""Plain-text views of ``/status`` documents for people (the ``status`` and ``drain`` commands).
+
+One rendering rule for text that comes from outside (command lines, process names, a
+drain's reason, URLs, errors, causes): ``shown`` writes every character ``str.isprintable``
+calls unprintable as an escape (``\\n``, ``\\t``, ``\\x1b``, ``\\u202e``: controls, bidi
+and other format characters, line separators, spaces other than the space), so no value
+can break a table's rows, move the cursor, colour the terminal or reorder what is shown.
+Every table cell goes through it (``table``), and every such value in a line.
+"""
 
 from __future__ import annotations
 
@@ -6,10 +14,31 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def shown(value: object) -> str:
+    """``value`` as text safe to print in a terminal line (see the module's docstring).
+    Backslashes are kept as they are: this is for reading, not for parsing back."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(c) for c in text)
+
+
+def _escape(char: str) -> str:
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """A left-aligned text table."""
-    cells = [[str(h) for h in headers], *[["-" if v is None else str(v) for v in r] for r in rows]]
+    """A left-aligned text table; every cell ``shown``, so none spans two rows."""
+    cells = [[shown(h) for h in headers],
+             *[["-" if v is None else shown(v) for v in r] for r in rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
              for row in cells]
@@ -58,9 +87,9 @@ def progress_line(doc: dict[str, Any], now: float | None = None,
     migrations = len(doc.get("migrations", []))
     drain = doc.get("drain") or {}
     left_s = (max(0.0, drain["deadline_at"] - now) if drain.get("deadline_at") else None)
-    verdict = _verdict_text(doc)
+    verdict = shown(_verdict_text(doc))
     left = "" if left_s is None else f", {left_s:.1f}s of budget left"
-    line = (f"[{doc['phase']}] gen {doc['generation']}: {len(workers)} workers, "
+    line = (f"[{shown(doc['phase'])}] gen {doc['generation']}: {len(workers)} workers, "
             f"{inflight} in flight, {migrations} migrations pending, "
             f"{ended}/{processes} processes ended{left}")
     waiting = waiting_on(doc, now)
@@ -69,7 +98,7 @@ def progress_line(doc: dict[str, Any], now: float | None = None,
     line += verdict
     if width is None or len(line) <= width:
         return line
-    parts = [f"[{doc['phase']}]"]
+    parts = [f"[{shown(doc['phase'])}]"]
     short_wait = _waiting_short(doc, now)
     if short_wait:
         parts.append(short_wait + ";")
@@ -159,20 +188,19 @@ def status_text(doc: dict[str, Any]) -> str:
                    f"(tiers of {settings['tier_timeout_s']:g}s)")
     drain = doc.get("drain")
     if drain:
-        out.append(f"drain       {drain['reason']!r}, started {_ago(drain['started_at'], now)}, "
-                   f"deadline {_ago(drain['deadline_at'], now)}")
+        out.append(f"drain       {_drain_text(drain, now)}")
     outcome, causes, lost = drain_verdict(doc)
     if outcome:
-        out.append(f"outcome     {outcome}")
-    out += [f"cause       {cause}" for cause in causes]
+        out.append(f"outcome     {shown(outcome)}")
+    out += [f"cause       {shown(cause)}" for cause in causes]
     if lost is not None:
         out.append(f"lost        {_requests(lost)} (handed back, expired unacknowledged)")
     engine = doc.get("engine_inflight")
     if engine:
-        out.append(f"engine      {_engine_text(engine)}")
-    out += [f"router      {_router_text(r)}" for r in doc.get("routers") or ()]
+        out.append(f"engine      {shown(_engine_text(engine))}")
+    out += [f"router      {shown(_router_text(r))}" for r in doc.get("routers") or ()]
     if doc.get("group"):
-        out.append(f"group       {_group_text(doc['group'])}")
+        out.append(f"group       {shown(_group_text(doc['group']))}")
     mc = doc.get("migration_counts", {})
     out.append(f"migrations  {len(doc.get('migrations', []))} pending, "
                f"{mc.get('handed_back', 0)} handed back, {mc.get('acked', 0)} acknowledged, "
@@ -185,10 +213,24 @@ def status_text(doc: dict[str, Any]) -> str:
     processes = doc.get("processes", [])
     if processes:
         out += ["", summary_processes(processes)]
-    counts = doc.get("counts")
-    if counts:
-        out += ["", "processes   " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)]
+    counted = ", ".join(f"{v} {shown(k)}" for k, v in (doc.get("counts") or {}).items() if v)
+    if counted:
+        out += ["", "processes   " + counted]
+    elif not processes:
+        out += ["", "processes   none registered or adopted"]
     return "\n".join(out)
+
+
+def _drain_text(drain: dict[str, Any], now: float) -> str:
+    """Why and when the drain started; while it runs, when its budget ends; once it ended,
+    when and how much of its budget it took (its deadline no longer matters)."""
+    text = f"'{shown(drain.get('reason'))}', started {_ago(drain.get('started_at'), now)}"
+    ended, started = drain.get("ended_at"), drain.get("started_at")
+    if ended is None or started is None:
+        return text + f", deadline {_ago(drain.get('deadline_at'), now)}"
+    text += f", ended {_ago(ended, now)}, after {max(0.0, ended - started):.1f}s"
+    budget = drain.get("budget_s")
+    return text + (f" of its {budget:g}s budget" if isinstance(budget, int | float) else "")
 
 
 def _tree_order(processes: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -243,18 +285,40 @@ def summary_processes(processes: list[dict[str, Any]]) -> str:
 
 
 def plan_text(plan: dict[str, Any]) -> str:
-    """The kill as it would run now, tier by tier."""
+    """The kill as it would run now, tier by tier, with what the drain's budget gives each
+    tier before its SIGKILL (the least and the most, ``coordinator/service/plan.py``)."""
     rows = []
     for order, tier in enumerate(plan.get("tiers", []), start=1):
+        waits = _waits(tier)
         for p in tier["processes"]:
-            rows.append([order, tier["tier"], f"{tier['timeout_s']:g}s", p["signal"], p["pid"],
-                         p["name"], p.get("role"),
+            rows.append([order, tier["tier"], f"{tier['timeout_s']:g}s", waits, p["signal"],
+                         p["pid"], p["name"], p.get("role"),
                          short_command(p.get("cmdline"), 60)])
-    head = (f"kill plan: {len(plan.get('tiers', []))} tiers, {plan.get('processes', 0)} "
-            "processes, in this order (each tier: its signal, then its timeout, then SIGKILL "
-            "for what remains)")
-    return head + ("\n" + table(["step", "tier", "timeout", "signal", "pid", "process", "role",
-                                  "command"], rows) if rows else "\n(nothing to stop)")
+    lines = [f"kill plan: {len(plan.get('tiers', []))} tiers, {plan.get('processes', 0)} "
+             "processes, in this order (each tier: its signal, then SIGKILL for what remains "
+             "after the time shown)"]
+    budget = plan.get("budget")
+    if budget:
+        lines.append(
+            f"budget {budget['budget_s']:g}s: the kill gets {budget['kill_least_s']:.1f}s (its "
+            f"{budget['termination_s']:g}s share, once migration takes all of its "
+            f"{budget['migration_s']:g}s) to {budget['kill_most_s']:.1f}s (nothing to "
+            "migrate); a tier's SIGKILL comes after its timeout at the most, sooner when the "
+            "budget is short: `SIGKILL after` is the least (every tier before it stubborn) to "
+            "the most")
+    lines += [f"warning: {shown(w)}" for w in plan.get("warnings") or ()]
+    if not rows:
+        return "\n".join([*lines, "(nothing to stop)"])
+    return "\n".join([*lines, table(["step", "tier", "timeout", "SIGKILL after", "signal",
+                                      "pid", "process", "role", "command"], rows)])
+
+
+def _waits(tier: dict[str, Any]) -> str:
+    wait = tier.get("wait_s")
+    if not isinstance(wait, dict):
+        return "-"
+    least, most = float(wait["least"]), float(wait["most"])
+    return f"{most:.1f}s" if f"{least:.1f}" == f"{most:.1f}" else f"{least:.1f}-{most:.1f}s"
 
 
 def _waited(doc: dict[str, Any]) -> dict[str, Any] | None:
@@ -288,7 +352,8 @@ def waiting_on(doc: dict[str, Any], now: float | None = None) -> str | None:
     sigkill = _sigkill_when(p, now)
     if sigkill:
         when.append(sigkill)
-    return f"waiting on {p['pid']} {p['name']} (tier {p.get('tier') or '-'}, {', '.join(when)})"
+    return (f"waiting on {p['pid']} {shown(p['name'])} (tier {shown(p.get('tier') or '-')}, "
+            f"{', '.join(when)})")
 
 
 def _waiting_short(doc: dict[str, Any], now: float) -> str | None:
@@ -296,4 +361,4 @@ def _waiting_short(doc: dict[str, Any], now: float) -> str | None:
     if p is None:
         return None
     sigkill = _sigkill_when(p, now)
-    return f"waiting on {p['pid']} {p['name']}" + (f", {sigkill}" if sigkill else "")
+    return f"waiting on {p['pid']} {shown(p['name'])}" + (f", {sigkill}" if sigkill else "")

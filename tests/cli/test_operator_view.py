@@ -174,7 +174,7 @@ def test_the_plan_is_the_order_the_processes_then_get_their_sigterm(
     text = run("status", "--plan", "--url", running.url).stdout
     assert text.startswith("kill plan: 4 tiers, 4 processes")
     for pid in roles:
-        assert re.search(rf"^\d\s+\S+\s+\S+\s+SIGTERM\s+{pid}\s", text, re.M), text
+        assert re.search(rf"^\d\s+\S+\s+\S+\s+\S+\s+SIGTERM\s+{pid}\s", text, re.M), text
     shown = run("status", "--url", running.url).stdout
     assert "security    auth OFF, bind 127.0.0.1 (loopback)" in shown
     assert "budget      11s: 6.6s to migrate, 4.4s to terminate (tiers of 2s)" in shown
