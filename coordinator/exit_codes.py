@@ -39,7 +39,11 @@ ERROR = 12
 UNVERIFIED = 13
 """Everything else was clean, but a main process's exit code could not be learned."""
 NOTHING_TO_DRAIN = 14
-"""No process was registered or adopted: the drain ended nothing."""
+"""No process was registered or adopted: the drain ended nothing (``kill``: no process to
+end, every target already gone or no pattern matching)."""
+INTERRUPTED = 130
+"""Interrupted by SIGINT (Ctrl-C): 128 + 2, as a shell reports it. The command said on
+stderr what goes on without it (a drain goes on in the coordinator) and how to stop it."""
 
 OUTCOME_CODES: dict[str, int] = {
     "graceful": OK,

@@ -34,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from coordinator.cli import ending
 from coordinator.service.render import table
 from devstack.local_stack import LocalStack, Pod
 from devstack.streaming_load import ClientStream, StreamingLoad
@@ -77,7 +78,7 @@ class Tally:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="shutdown-coordinator-demo",
+        prog="shutdown-coordinator-demo", allow_abbrev=False,
         description="Drain one of three simulated engine pods under streaming load.")
     parser.add_argument("--streams", type=int, default=48,
                         help="concurrent streaming requests (default 48)")
@@ -96,8 +97,18 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns the exit status."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    """Run the demo; returns the exit status (``INTERRUPTED`` after Ctrl-C, every process
+    of the demo ended; the result's own code whatever became of its reader: ``ending``)."""
+    with ending.tolerant_streams():
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        try:
+            return _main(args)
+        except KeyboardInterrupt:
+            return ending.interrupted("the demo stopped; its pods, router and streams were "
+                                      "ended")
+
+
+def _main(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="shutdown-coordinator-demo-"))
     try:
         return asyncio.run(_run(args, workdir))

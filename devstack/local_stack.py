@@ -30,6 +30,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -120,6 +121,10 @@ class Prestarted:
     """Where the pod's engine will listen: the coordinator was told so."""
 
 
+class StackClosed(RuntimeError):
+    """A process was to start after the stack began to close."""
+
+
 class LocalStack:
     """Processes of a local pod fleet; every one of them ends in ``close()``."""
 
@@ -130,6 +135,10 @@ class LocalStack:
         self._popen = popen or _popen_own_session
         self._procs: list[subprocess.Popen[bytes]] = []
         self._coordinators: set[int] = set()
+        self._closing = False
+        self._starting = threading.Lock()
+        """Held while a process starts (pods start in worker threads) and while ``close``
+        begins: whatever started is then in ``_procs``, and nothing starts after it."""
         self.router: subprocess.Popen[bytes] | None = None
         """The router ``start_router`` started last."""
 
@@ -138,13 +147,16 @@ class LocalStack:
     def spawn(self, argv: Sequence[str], log_name: str, **kwargs: Any) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a session of its own, its output appended to ``log_name``; it
         ends in ``close()`` like every other process of the stack."""
-        log: IO[bytes] = (self.workdir / log_name).open("ab")
-        try:
-            proc = self._popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
-                               env=kwargs.pop("env", engine_environment()), **kwargs)
-        finally:
-            log.close()
-        self._procs.append(proc)
+        with self._starting:
+            if self._closing:  # a start in a worker thread that outlived an interruption
+                raise StackClosed(f"not starting {log_name}: the stack is closing")
+            log: IO[bytes] = (self.workdir / log_name).open("ab")
+            try:
+                proc = self._popen(list(argv), stdout=log, stderr=subprocess.STDOUT,
+                                   env=kwargs.pop("env", engine_environment()), **kwargs)
+            finally:
+                log.close()
+            self._procs.append(proc)
         return proc
 
     def start_coordinator(self, name: str, *args: str, port: int = 0) -> CoordinatorProcess:
@@ -322,7 +334,11 @@ class LocalStack:
     async def close(self, timeout_s: float = 10.0) -> None:
         """End every process this stack started (and their descendants), in order: the
         router and the engines first, then the coordinators, which then have no stream or
-        long-poll left open and stop at once, removing their doorbell pipes."""
+        long-poll left open and stop at once, removing their doorbell pipes. Nothing starts
+        from then on (``StackClosed``), so a start still running in a thread (the demo
+        interrupted while its pods come up) cannot leave a process behind."""
+        with self._starting:
+            self._closing = True
         for coordinators in (False, True):
             targets = [Target(pid=p.pid, role="stack") for p in self._procs
                        if p.poll() is None and (p.pid in self._coordinators) is coordinators]

@@ -23,9 +23,8 @@ def client_errors_to_exit_codes(
 
         try:
             return func(args)
-        except BrokenPipeError:
-            raise  # our reader went away: main() ends quietly
-        except OSError as exc:
+        except OSError as exc:  # the token file (its message names the flag) or another
+            # local file; a closed standard output never raises (``ending``)
             print(f"error: {exc}", file=sys.stderr)
             return exit_codes.USAGE
         except AuthError as exc:

@@ -5,7 +5,8 @@ PID or by a command-line pattern, in order (deepest first, each root last), and 
 every process ended. ``--force`` is the operator's quick stop: SIGKILL everything at once.
 
 Exit codes are the ``drain`` command's: 0 all graceful, 3 something needed SIGKILL, 4 something
-survived, 8 a target was refused (PID 1, this process, an ancestor) and nothing was signalled.
+survived, 8 a target was refused (PID 1, this process, an ancestor) and nothing was signalled,
+14 nothing to end (every target already gone, or no process matching).
 """
 
 from __future__ import annotations
@@ -64,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
     for root in discover(AdoptionRules(patterns=patterns), exclude=known):
         targets.append(Target(pid=root.pid, start_time=root.start_time, role="matched"))
     if not targets:
-        print("kill: no process matches", file=sys.stderr)
-        return exit_codes.OK
+        print("kill: no process matches: nothing to end", file=sys.stderr)
+        return exit_codes.NOTHING_TO_DRAIN
     policy = KillPolicy(tier_timeout_s=args.tier_timeout, deadline_s=args.deadline,
                         force=args.force)
     try:
@@ -74,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"kill: {exc}; nothing was signalled", file=sys.stderr)
         return exit_codes.REFUSED
     print(json.dumps(report.to_dict(), indent=2) if args.json else render(report))
-    return exit_code(report)
+    code = exit_code(report)
+    if code == exit_codes.NOTHING_TO_DRAIN:
+        print("kill: every target was already gone: nothing to end", file=sys.stderr)
+    return code
 
 
 def exit_code(report: KillReport) -> int:
-    """``drain``'s exit codes for a kill report."""
+    """``drain``'s exit codes for a kill report: ``NOTHING_TO_DRAIN`` when every process was
+    already gone (no target was running: nothing was ended)."""
     from coordinator.kill import Fate
 
     fates = {p.fate for p in report.processes}
@@ -86,7 +91,16 @@ def exit_code(report: KillReport) -> int:
         return exit_codes.SURVIVED
     if Fate.KILLED in fates:
         return exit_codes.KILLED
+    if fates <= {Fate.GONE}:
+        return exit_codes.NOTHING_TO_DRAIN
     return exit_codes.OK
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """What Ctrl-C leaves: the kill runs in this process, so it stops where it was."""
+    return ("the kill stopped where it was: processes it signalled may still be exiting, "
+            "the rest were not signalled; run the same command again to end what is left "
+            "(with --force: SIGKILL at once)")
 
 
 def render(report: KillReport) -> str:

@@ -37,7 +37,9 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
      "seconds to wait for a SIGKILLed process to disappear (default 2)"),
     ("--prekill-timeout", "prekill_timeout_s", float,
      "seconds to wait for workers' pre-kill hooks (default 2)"),
-    ("--token-file", "token_file", Path, "file holding the bearer token"),
+    ("--token-file", "token_file", Path,
+     f"file holding the bearer token (or the token itself in {ENV_PREFIX}TOKEN, which "
+     "/proc/PID/environ shows: prefer the file)"),
     ("--state-file", "state_file", Path, "persist the drain here to survive a restart"),
     ("--doorbell", "doorbell", str,
      "named pipe that wakes every worker at once: auto (default), off, or a path"),
@@ -156,6 +158,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        f"[env {_env_name('allow_unauthenticated_network')}]")
     serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
                        const=False, default=None, help=argparse.SUPPRESS)
+
+
+def interrupted(args: argparse.Namespace) -> str:
+    """Ctrl-C before the server took its signals over (while it started); once it serves,
+    the server says it itself (``service/server.py``: the drain goes on to its end first)."""
+    return "the coordinator stopped before it served; nothing was drained"
 
 
 def run(args: argparse.Namespace) -> int:

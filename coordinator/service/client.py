@@ -96,6 +96,11 @@ class CoordinatorClient:
             body["deadline_s"] = deadline_s
         return self._call("POST", "/drain", json=body)
 
+    def abort_drain(self) -> dict[str, Any]:
+        """``DELETE /drain``: abort the running drain, or end the cycle of one that found
+        nothing to drain; ``RefusedError`` (409) once processes were terminated."""
+        return self._call("DELETE", "/drain")
+
 
 def _detail(response: httpx.Response) -> str:
     try:

@@ -9,6 +9,10 @@ Shutdown on SIGTERM/SIGINT, as steps:
        shuts down (listeners, connections, bounded wait), and the process exits 0.
 
 A second SIGINT (or SIGQUIT) escalates: stop now, without waiting for the drain.
+
+Stopped by SIGINT (Ctrl-C at a terminal), it says on stderr what goes on (the drain to its
+end, or nothing) and how to stop it at once, and exits ``INTERRUPTED`` (130) rather than 0:
+the exit every command of the CLI gives when interrupted (``coordinator/cli/ending.py``).
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ import os
 import resource
 import signal
 import socket
+import sys
 from collections.abc import Generator
 from pathlib import Path
 from types import FrameType
 
 import uvicorn
 
-from coordinator import startup_check
+from coordinator import exit_codes, startup_check
 from coordinator.drain.ports import Killer
 from coordinator.kill import procfs, safety
 from coordinator.logfmt import logfmt
@@ -64,6 +69,7 @@ class CoordinatorServer(uvicorn.Server):
         super().__init__(config)
         self.coordinator = coordinator
         self.stop_signals: list[int] = []
+        self._told = False
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
@@ -80,6 +86,14 @@ class CoordinatorServer(uvicorn.Server):
         await super().startup(sockets=sockets)
         collect_from_now_on()
 
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().shutdown(sockets=sockets)
+        if self.force_exit:
+            # Forced, uvicorn waits for no connection and skips the application's shutdown;
+            # the coordinator's own still runs (it stops the drain task, writes the state
+            # file a last time, removes its doorbell pipe): a forced stop leaves none of it.
+            await self.lifespan.shutdown()
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         # Only record: the loop acts on it in on_tick.
         self.stop_signals.append(sig)
@@ -88,6 +102,10 @@ class CoordinatorServer(uvicorn.Server):
         if self.stop_signals and not self.should_exit:
             forced = signal.SIGQUIT in self.stop_signals or self.stop_signals.count(
                 signal.SIGINT) > 1
+            if self.stop_signals[:1] == [signal.SIGINT] and not self._told:
+                self._told = True
+                print(_interrupted_line(self.coordinator, forced), file=sys.stderr,
+                      flush=True)
             if forced or not self.coordinator.controller.running:
                 if forced:
                     self.force_exit = True
@@ -98,6 +116,18 @@ class CoordinatorServer(uvicorn.Server):
                 self.coordinator.bump()
                 self.should_exit = True
         return await super().on_tick(counter)
+
+
+def _interrupted_line(coordinator: Coordinator, forced: bool) -> str:
+    """The one line Ctrl-C gets: what goes on before the coordinator stops, and how to
+    stop it at once."""
+    controller = coordinator.controller
+    if forced or not controller.running or controller.drain is None:
+        return "interrupted: the coordinator stops"
+    left = max(0.0, controller.drain.deadlines.deadline_at - controller.clock())
+    return (f"interrupted: the running drain goes on to its end ({left:.0f} s of its budget "
+            "left), then the coordinator stops; Ctrl-C again stops it now and leaves the "
+            "drain unfinished")
 
 
 def collect_from_now_on() -> None:
@@ -190,4 +220,6 @@ def serve(settings: Settings, *, kill: Killer | None = None,
         write_port_file(settings.port_file, settings.host, port)
     print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)
     server.run(sockets=[sock])
-    return 0 if server.started or server.stop_signals else 1
+    if server.stop_signals[:1] == [signal.SIGINT]:
+        return exit_codes.INTERRUPTED
+    return exit_codes.OK if server.started or server.stop_signals else 1

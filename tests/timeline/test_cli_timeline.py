@@ -76,15 +76,17 @@ def test_status_timeline_writes_the_drain_and_then_the_last_one(janitor: Process
 
 
 def test_status_timeline_says_what_is_wrong(janitor: ProcessJanitor, tmp_path: Path) -> None:
-    """1. ``--last-drain`` without ``--timeline``: a usage error, nothing asked; 2. a file in a
-    directory that does not exist: the error names the file, exit 2, no traceback; 3. a wrong
-    token: exit 7."""
+    """1. ``--last-drain`` without ``--timeline``: a usage error, nothing asked; 2. after a
+    drain, a file in a directory that does not exist: the error names the file, exit 2, no
+    traceback; 3. a wrong token: exit 7."""
     from tests.service.servers import start_coordinator
 
     running = start_coordinator(janitor, tmp_path, token=TOKEN)
     alone = status(running, tmp_path, "--last-drain")
     assert alone.returncode == exit_codes.USAGE
     assert "--last-drain goes with --timeline" in alone.stderr
+    with running.client() as client:  # a drain to draw (one that found nothing to drain)
+        assert client.post("/drain", json={"wait": True}).status_code == 200
     missing = tmp_path / "no-such-dir" / "drain.svg"
     unwritable = status(running, tmp_path, "--timeline", str(missing))
     assert unwritable.returncode == exit_codes.USAGE
