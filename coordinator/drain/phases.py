@@ -95,7 +95,8 @@ _REFUSALS: dict[Phase, str] = {
     Phase.DRAINING: "the drain has just started",
     Phase.MIGRATING: "the drain is migrating requests",
     Phase.TERMINATING: "the drain is terminating processes and can no longer be aborted",
-    Phase.DONE: "the drain is done; the next cycle starts when a new worker registers",
+    Phase.DONE: "the drain is done and processes were terminated; the next cycle starts "
+                "when a new worker registers",
 }
 
 

@@ -225,10 +225,12 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
 
     @api.delete("/drain", responses={409: {"description": "too late to abort"}})
     async def drain_delete() -> dict[str, Any]:
-        """Abort a drain that has not reached ``terminating``."""
-        coordinator.controller.abort()
-        return {"phase": coordinator.machine.phase.value, "aborted": True,
-                "generation": coordinator.machine.generation}
+        """Abort a drain that has not reached ``terminating``; end the cycle of a done drain
+        that found nothing to drain (``aborted`` false, ``cycle_ended`` true); 409 once
+        processes were terminated."""
+        aborted = coordinator.abort_drain()
+        return {"phase": coordinator.machine.phase.value, "aborted": aborted,
+                "cycle_ended": not aborted, "generation": coordinator.machine.generation}
 
     # --- status ----------------------------------------------------------------------------
 

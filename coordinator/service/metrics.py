@@ -81,7 +81,8 @@ class CoordinatorMetrics:
         self.new_cycles = Counter(
             "shutdown_coordinator_new_cycles",
             "Finished drains whose cycle ended, back to serving, by trigger "
-            "(registration, restart)", ["trigger"], registry=r)
+            "(registration, restart, dismissed: DELETE /drain after nothing to drain)",
+            ["trigger"], registry=r)
         self.limit_refusals = Counter(
             "shutdown_coordinator_limit_refusals",
             "Requests answered 429 because a bounded collection was full, by its setting "

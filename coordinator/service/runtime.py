@@ -27,6 +27,7 @@ from coordinator import startup_check
 from coordinator.drain.budget import total_budget
 from coordinator.drain.changes import ChangeSignal
 from coordinator.drain.controller import DrainController
+from coordinator.drain.outcome import NOTHING_TO_DRAIN
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
@@ -236,6 +237,21 @@ class Coordinator:
         if state.drain is not None and state.phase is not Phase.SERVING:
             log.info("state file: resuming a drain in phase %s", state.phase)
             self.controller.resume(state.drain, state.phase)
+
+    def abort_drain(self) -> bool:
+        """``DELETE /drain``: abort the running drain (True); or, once a drain that found
+        nothing to drain is done, end its cycle (False): it terminated nothing, so nothing
+        but the mistaken call keeps the pod out of rotation, and an engine that is adopted,
+        not registered, would never start the next cycle itself. ``DrainConflict`` in any
+        other case (no drain; a drain that terminates or terminated processes)."""
+        drain = self.controller.drain
+        if (self.machine.phase is Phase.DONE and drain is not None
+                and drain.outcome == NOTHING_TO_DRAIN):
+            self.new_cycle("dismissed", "a drain that found nothing to drain was dismissed "
+                           "(DELETE /drain)")
+            return False
+        self.controller.abort()
+        return True
 
     def new_cycle(self, trigger: str, note: str) -> None:
         """End the done drain's cycle: serving again, the drain kept as ``last_drain``."""
