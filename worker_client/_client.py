@@ -48,6 +48,11 @@ class WorkerClient:
     starts; ``track()`` wraps each request's generation. Without a coordinator URL (or while
     the coordinator is unreachable) the engine serves normally and a local drain still works.
 
+    ``coordinator_url`` and ``token``, left out, come from the variables every manifest
+    gives the engine: ``SHUTDOWN_COORDINATOR_URL``, and the token from the file
+    ``SHUTDOWN_COORDINATOR_TOKEN_FILE`` names (or ``SHUTDOWN_COORDINATOR_TOKEN``); None for
+    either says "none" (``InvalidSetting`` when the token file cannot be read).
+
     ``event_reader``: where the drain notice is read, ``loop`` (on the engine's loop when
     there is one) or ``thread``. ``latency_slice_us``: for engines that share CPUs with other
     engines of the pod (Linux 6.12+), the engine's loop thread asks for this scheduling slice
@@ -62,9 +67,9 @@ class WorkerClient:
 
     def __init__(
         self,
-        coordinator_url: str | None,
+        coordinator_url: str | _settings.FromEnvironment | None = _settings.FROM_ENVIRONMENT,
         *,
-        token: str | None = None,
+        token: str | _settings.FromEnvironment | None = _settings.FROM_ENVIRONMENT,
         role: str = "worker",
         url: str | None = None,
         name: str | None = None,
@@ -82,7 +87,9 @@ class WorkerClient:
         self.latency_slice_set: bool | None = None
         """Whether the kernel took the slice (None until tried)."""
         self.handoff_ack: Ack = handoff_ack
-        self.coordinator_url = coordinator_url.rstrip("/") if coordinator_url else None
+        where = _settings.coordinator_url(coordinator_url)
+        self.coordinator_url = where.rstrip("/") if where else None
+        token = _settings.token(token)
         self.registration = Registration(
             role=role, url=url, name=name, tiers=tuple(tiers), include_tree=include_tree,
             **({"pid": pid} if pid is not None else {}),

@@ -1,7 +1,10 @@
 """The client's settings that an engine may also give through its environment.
 
 Each is a constructor argument of ``WorkerClient`` first; the variable is read only when the
-argument is left out, so that a deployment can tune an engine it cannot edit.
+argument is left out, so that a deployment can tune an engine it cannot edit. The
+coordinator's address and token are the manifests' variables, the ones every pod gives its
+engine container (``deploy/kubernetes/base/engine-deployment.yaml``) and the ``drain`` and
+``status`` commands read.
 """
 
 from __future__ import annotations
@@ -13,6 +16,49 @@ from collections.abc import Mapping
 from worker_client._drain import DrainObserver
 from worker_client._scheduling import check_slice
 from worker_client.errors import InvalidSetting
+
+URL_ENV = "SHUTDOWN_COORDINATOR_URL"
+"""The coordinator's URL (``http://127.0.0.1:PORT`` in a pod: its containers share one
+network namespace); the constructor's ``coordinator_url`` wins over it, None included.
+Unset: no coordinator (the engine serves, and a local drain still works)."""
+TOKEN_FILE_ENV = "SHUTDOWN_COORDINATOR_TOKEN_FILE"
+"""A file holding the bearer token (the Secret the pod mounts); read at construction."""
+TOKEN_ENV = "SHUTDOWN_COORDINATOR_TOKEN"
+"""The token itself, when no file is named; the constructor's ``token`` wins over both."""
+
+
+class FromEnvironment:
+    """The default of an argument that the environment may give (``FROM_ENVIRONMENT``):
+    unlike None, which says "none"."""
+
+    def __repr__(self) -> str:
+        return "FROM_ENVIRONMENT"
+
+
+FROM_ENVIRONMENT = FromEnvironment()
+
+
+def coordinator_url(given: str | FromEnvironment | None,
+                    environ: Mapping[str, str] = os.environ) -> str | None:
+    if not isinstance(given, FromEnvironment):
+        return given
+    return environ.get(URL_ENV) or None
+
+
+def token(given: str | FromEnvironment | None,
+          environ: Mapping[str, str] = os.environ) -> str | None:
+    if not isinstance(given, FromEnvironment):
+        return given
+    path = environ.get(TOKEN_FILE_ENV)
+    if path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                return f.read().strip() or None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InvalidSetting(f"{TOKEN_FILE_ENV}={path}: cannot read the token: {exc}"
+                                 ) from exc
+    return environ.get(TOKEN_ENV) or None
+
 
 EVENT_READER_ENV = "WORKER_CLIENT_EVENT_READER"
 """``loop`` (the default: read the event stream on the engine's loop when there is one) or
