@@ -319,6 +319,84 @@ def check_router_worker_url(r: Rendered) -> None:
     Settings(**fields)
 
 
+INSTANCE = "app.kubernetes.io/instance"
+
+
+def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return all(labels.get(key) == value for key, value in selector.items())
+
+
+def selectors(r: Rendered) -> list[tuple[str, dict[str, str]]]:
+    """Every pod or Service selector in the render, named by where it is."""
+    found = [(f"Deployment {r.deployment['metadata']['name']}",
+              r.deployment["spec"]["selector"]["matchLabels"])]
+    found += [(f"Service {s['metadata']['name']}", s["spec"]["selector"])
+              for s in r.of_kind("Service")]
+    found += [(f"PodDisruptionBudget {b['metadata']['name']}",
+               b["spec"]["selector"]["matchLabels"]) for b in r.of_kind("PodDisruptionBudget")]
+    for policy in r.of_kind("NetworkPolicy"):
+        name = f"NetworkPolicy {policy['metadata']['name']}"
+        found.append((name, policy["spec"]["podSelector"]["matchLabels"]))
+        found += [(f"{name} ingress", peer["podSelector"]["matchLabels"])
+                  for rule in policy["spec"].get("ingress") or []
+                  for peer in rule.get("from") or []
+                  if "podSelector" in peer and "namespaceSelector" not in peer]
+    found += [(f"ServiceMonitor {m['metadata']['name']}", m["spec"]["selector"]["matchLabels"])
+              for m in r.of_kind("ServiceMonitor")]
+    return found
+
+
+def check_instance_selectors(r: Rendered) -> None:
+    """Every selector names the pods' own app.kubernetes.io/instance (the value kustomize
+    renames with the engine Service's name: instance-label.yaml), so a second model under
+    another namePrefix is never selected; and each selects what it is for in this render
+    (the pods; for a ServiceMonitor, the coordinator Service)."""
+    labels = r.deployment["spec"]["template"]["metadata"]["labels"]
+    assert labels.get(INSTANCE), "the pods carry no instance label"
+    monitored = r.named("Service", "inference-engine-coordinator")["metadata"]["labels"]
+    for where, selector in selectors(r):
+        assert selector.get(INSTANCE) == labels[INSTANCE], f"{where} selects {selector}"
+        target = monitored if where.startswith("ServiceMonitor") else labels
+        assert _selects(selector, target), f"{where} does not select its own: {selector}"
+
+
+def check_disruption_budget(r: Rendered) -> None:
+    """One PodDisruptionBudget for the pods: node drains and autoscalers evict them one at
+    a time; maxUnavailable, never a minAvailable that would block a single replica's
+    node from draining."""
+    budgets = r.of_kind("PodDisruptionBudget")
+    assert len(budgets) == 1, f"{len(budgets)} PodDisruptionBudgets"
+    spec = budgets[0]["spec"]
+    assert "minAvailable" not in spec, "minAvailable blocks the drain of a 1-replica node"
+    assert spec.get("maxUnavailable") == 1, spec
+    labels = r.deployment["spec"]["template"]["metadata"]["labels"]
+    assert _selects(spec["selector"]["matchLabels"], labels)
+
+
+def check_no_service_account_token(r: Rendered) -> None:
+    """No API credentials in the pod: neither the coordinator nor the engine calls the API."""
+    assert r.pod.get("automountServiceAccountToken") is False
+
+
+def check_engine_requests(r: Rendered) -> None:
+    """The engine asks the scheduler for CPU and memory (it loads its weights through host
+    memory): placed where they fit, and not among the first pods evicted."""
+    requests = (r.engine.get("resources") or {}).get("requests") or {}
+    assert requests.get("cpu"), f"engine requests {requests}"
+    assert requests.get("memory"), f"engine requests {requests}"
+
+
+def check_pinned_images(r: Rendered) -> None:
+    """Every image is pinned: a tag that is not `latest`, or a digest."""
+    for _, container in r.containers():
+        image = container["image"]
+        if "@sha256:" in image:
+            continue
+        tag = image.rsplit("/", 1)[-1].partition(":")[2]
+        assert tag, f"{container['name']} runs {image}, untagged"
+        assert tag != "latest", f"{container['name']} runs {image}"
+
+
 CHECKS: dict[str, Callable[[Rendered], None]] = {
     "budget": check_budget,
     "port": check_port,
@@ -335,4 +413,9 @@ CHECKS: dict[str, Callable[[Rendered], None]] = {
     "engine-profile": check_engine_profile,
     "secure-start": check_secure_start,
     "router-worker-url": check_router_worker_url,
+    "instance-selectors": check_instance_selectors,
+    "disruption-budget": check_disruption_budget,
+    "service-account-token": check_no_service_account_token,
+    "engine-requests": check_engine_requests,
+    "pinned-images": check_pinned_images,
 }

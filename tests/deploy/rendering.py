@@ -1,7 +1,7 @@
 """Render the Kubernetes manifests the way a user would (``kubectl kustomize``), offline.
 
 The tree under ``deploy/kubernetes`` is copied to a scratch directory first, so a test can
-add what a user adds (the ``token.env`` of the httpGet variant, a kustomization combining
+add what a user adds (the ``token.env`` of the token-secret component, a kustomization combining
 optional components) without touching the repository.
 """
 
@@ -57,14 +57,16 @@ SHIPPED = (
 )
 COMBINED = (
     Variant("vllm-classic", "vllm", ("classic-sidecar",)),
-    Variant("sglang-httpget", "sglang", ("prestop-httpget",)),
+    Variant("sglang-httpget", "sglang", ("token-secret", "prestop-httpget")),
+    Variant("vllm-locked-down", "vllm", ("token-secret", "network-policy")),
     Variant("dynamo-servicemonitor", "dynamo-worker", ("servicemonitor",)),
     Variant("sglang-smg", "sglang", ("router-smg",)),
     Variant("trtllm-vllm-router", "trtllm", ("router-vllm-router", "classic-sidecar")),
     Variant(
         "adopted-everything",
         "adopted-vllm",
-        ("engine-as-root", "servicemonitor", "classic-sidecar", "prestop-httpget"),
+        ("engine-as-root", "servicemonitor", "network-policy", "classic-sidecar",
+         "token-secret", "prestop-httpget"),
     ),
 )
 VARIANTS = SHIPPED + COMBINED
@@ -78,7 +80,7 @@ def stage(scratch: Path) -> Path:
     """Copy the manifests to ``scratch`` and add what a user adds; the copy's root."""
     root = scratch / "kubernetes"
     shutil.copytree(KUBERNETES_DIR, root)
-    (root / "components" / "prestop-httpget" / "token.env").write_text(f"token={TEST_TOKEN}\n")
+    (root / "components" / "token-secret" / "token.env").write_text(f"token={TEST_TOKEN}\n")
     return root
 
 

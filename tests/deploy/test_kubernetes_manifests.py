@@ -130,6 +130,18 @@ def _broken(rendered: Rendered, change: str) -> Rendered:
     elif change == "router-worker-url":
         env = broken.env(coordinator)
         env["SHUTDOWN_COORDINATOR_ROUTER_WORKER_URL"]["value"] = "http://$(POD_IP):8001"
+    elif change == "instance-selectors":
+        for service in broken.of_kind("Service"):
+            service["spec"]["selector"].pop("app.kubernetes.io/instance")
+    elif change == "disruption-budget":
+        budget = broken.of_kind("PodDisruptionBudget")[0]["spec"]
+        budget["minAvailable"] = budget.pop("maxUnavailable")
+    elif change == "service-account-token":
+        del pod["automountServiceAccountToken"]
+    elif change == "engine-requests":
+        del engine["resources"]["requests"]["memory"]
+    elif change == "pinned-images":
+        engine["image"] = engine["image"].rsplit(":", 1)[0] + ":latest"
     else:  # pragma: no cover - a new check needs its own breakage here
         raise AssertionError(f"no breakage for {change}")
     return broken

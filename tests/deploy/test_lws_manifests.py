@@ -51,7 +51,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 SHIPPED = Variant("lws", "sglang", shipped=True)
-OWN = Variant("lws-own", "sglang", ("servicemonitor", "prestop-httpget"))
+OWN = Variant("lws-own", "sglang", ("servicemonitor", "token-secret", "prestop-httpget"))
 """A user's own overlay from the same pieces: optional components, a group of 4."""
 ROLES = ("leader", "worker")
 NAMESPACE = "inference"
@@ -63,8 +63,10 @@ SIZE = "leaderworkerset.sigs.k8s.io/size"
 LEADER_NAME = "leaderworkerset.sigs.k8s.io/leader-name"
 PER_POD_SETTINGS = ("GROUP_LEADER", "GROUP_SIZE", "GROUP_INDEX")
 """Group settings that differ between the pods: never in the ConfigMap they all load."""
-NOT_APPLICABLE = {"router-worker-url"}
-"""Checks with nothing to hold here (no router component in the overlay)."""
+NOT_APPLICABLE = {"router-worker-url", "instance-selectors"}
+"""Checks with nothing to hold here: no router component in the overlay; and the
+LeaderWorkerSet has no selector of its own, its Services' are the group's
+(tests/deploy/test_platform_manifests.py holds them under two namePrefixes)."""
 Docs = list[dict[str, Any]]
 
 
@@ -351,10 +353,11 @@ def _group_broken(docs: Docs, check: str) -> Docs:
 def test_renders_a_leaderworkerset(docs: Docs, docs_size_4: Docs) -> None:
     """1. Render deploy/kubernetes/lws, and an overlay of one's own from its pieces, with
        kubectl kustomize.
-    2. Expect the base's ConfigMaps and Services and one LeaderWorkerSet with both
-       templates (and, in one's own, what its components add)."""
+    2. Expect the base's ConfigMaps, Services and disruption budget and one
+       LeaderWorkerSet with both templates (and, in one's own, what its components add)."""
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == ["ConfigMap", "ConfigMap", "LeaderWorkerSet", "Service", "Service"], kinds
+    assert kinds == ["ConfigMap", "ConfigMap", "LeaderWorkerSet", "PodDisruptionBudget",
+                     "Service", "Service"], kinds
     own = sorted(d["kind"] for d in docs_size_4)
     assert own == sorted([*kinds, "Secret", "ServiceMonitor"]), own
     for rendered in (docs, docs_size_4):
