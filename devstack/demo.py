@@ -90,6 +90,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="cleanup each engine process runs after SIGTERM (default 0.5)")
     parser.add_argument("--keep", action="store_true",
                         help="keep the working directory with every process's log")
+    parser.add_argument("--timeline", metavar="FILE.html", type=Path,
+                        help="write the drained pod's timeline page (GET /status/timeline: "
+                        "phases, every process's signals and exit, handoffs) to FILE.html")
     args = parser.parse_args(list(argv))
     if args.streams < 1 or args.tokens < 4 or args.token_interval_ms <= 0:
         parser.error("--streams must be >= 1, --tokens >= 4, --token-interval-ms > 0")
@@ -150,10 +153,17 @@ async def _scenario(args: argparse.Namespace, stack: LocalStack) -> int:
     streams = await asyncio.wait_for(clients, 300)
     stats = (await asyncio.to_thread(httpx.get, f"{router}/stats", timeout=10)).json()
     main_exit = await asyncio.to_thread(drained.engine.proc.wait, 30)
+    if args.timeline is not None:
+        page = await asyncio.to_thread(httpx.get, f"{drained.coordinator.url}/status/timeline",
+                                       timeout=30)
+        page.raise_for_status()
+        args.timeline.write_text(page.text, encoding="utf-8")
 
     tally = Tally.of(streams)
     graceful = _print_report(tally, stats, summary, drained, main_exit, drain_s)
     ok = tally.perfect and graceful and main_exit == 0
+    if args.timeline is not None:
+        print(f"\npod 0's drain, drawn: {args.timeline}")
     print(f"\nresult: {'PASS' if ok else 'FAIL'} — "
           + ("nothing lost, every process of the drained pod ended gracefully"
              if ok else "see above"))
