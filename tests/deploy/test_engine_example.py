@@ -164,6 +164,9 @@ def test_the_example_registers_with_auth_on_hands_a_stream_back_and_exits_0(
     assert drain["lost_requests"] == 0
     (process,) = [p for p in status["processes"] if p["pid"] == engine.pid]
     assert (process["fate"], process["exit_code"]) == ("exited", 0)
-    logged = (tmp_path / "engine.log").read_text() + running.log.read_text()
-    assert "401" not in logged, logged
-    assert "Traceback" not in logged, logged
+    # A refused token shows in the engine's log as worker_client giving up on the
+    # coordinator, or a refused report (not as "401": a port number may hold those digits).
+    engine_log = (tmp_path / "engine.log").read_text()
+    assert "without a coordinator" not in engine_log, engine_log
+    assert "refused" not in engine_log, engine_log
+    assert "Traceback" not in engine_log + running.log.read_text()
