@@ -148,7 +148,8 @@ class KillRun:
         self.deadline_at = time.monotonic() + policy.deadline_s
         self.reserve_s = tiers.confirm_reserve(policy.deadline_s, policy.confirm_s)
         self.last_reserve_s: float | None = None
-        """Seconds the last tier keeps, fixed by the first plan (``tiers.last_tier_reserve_s``)."""
+        """Seconds the main processes' tier keeps, fixed by the first plan
+        (``tiers.last_tier_reserve_s``)."""
         self._kept_s = 0.0
         """What the tiers after the current one keep (cuts its SIGKILL confirmation too)."""
 
@@ -223,13 +224,15 @@ class KillRun:
                 if sweeps_past_deadline >= MAX_SWEEPS_PAST_DEADLINE:
                     return
             else:
-                # Step 4: the first tier of what is left; the later ones keep their share.
+                # Step 4: the first tier of what is left; the later ones up to the main
+                # processes' tier keep their share (what comes after it keeps nothing).
                 plan = self._plan(pending)
+                main = tiers.main_tier_index(plan)
                 if self.last_reserve_s is None:
                     self.last_reserve_s = tiers.last_tier_reserve_s(
                         usable_s=self.policy.deadline_s - self.reserve_s,
-                        last_timeout_s=plan[-1].timeout_s)
-                await self._run_tier(plan[0], [t.timeout_s for t in plan[1:]])
+                        last_timeout_s=plan[main].timeout_s)
+                await self._run_tier(plan[0], [t.timeout_s for t in plan[1:main + 1]])
             self._discover()
 
     def _discover(self) -> list[int]:

@@ -53,6 +53,9 @@ class PlannedTier:
     timeout_s: float
     signals: tuple[tuple[int, int], ...]
     """``(pid, signal)`` for each member, in discovery order."""
+    holds_roots: bool = False
+    """A root is among its members (the ``roots`` tier, or a declared ``include_root`` tier
+    that matched one): the main processes' tier (``main_tier_index``)."""
 
     @property
     def pids(self) -> tuple[int, ...]:
@@ -95,6 +98,7 @@ def plan_tiers(
     declared_order: list[str] = []
     declared: dict[str, list[tuple[int, int]]] = {}
     declared_timeout: dict[str, float] = {}
+    declared_roots: set[str] = set()
     by_depth: dict[int, list[tuple[int, int]]] = {}
     roots: list[tuple[int, int]] = []
     roots_timeout: float | None = None
@@ -113,6 +117,7 @@ def plan_tiers(
         spec = match_tier(member, specs_by_root.get(member.root_pid, ()))
         if member.is_root and spec is not None and spec.include_root:
             declared[spec.name].append((member.pid, spec.signal))
+            declared_roots.add(spec.name)
         elif member.is_root:
             sig = spec.signal if spec else default_signal
             timeout = spec.timeout_s if spec else default_timeout_s
@@ -124,7 +129,8 @@ def plan_tiers(
             by_depth.setdefault(member.depth, []).append((member.pid, default_signal))
 
     plan = [
-        PlannedTier(name, declared_timeout[name], tuple(declared[name]))
+        PlannedTier(name, declared_timeout[name], tuple(declared[name]),
+                    holds_roots=name in declared_roots)
         for name in declared_order
         if declared[name]
     ]
@@ -134,8 +140,18 @@ def plan_tiers(
     ]
     if roots:
         timeout = default_timeout_s if roots_timeout is None else roots_timeout
-        plan.append(PlannedTier(ROOTS_TIER, timeout, tuple(roots)))
+        plan.append(PlannedTier(ROOTS_TIER, timeout, tuple(roots), holds_roots=True))
     return plan
+
+
+def main_tier_index(plan: Sequence[PlannedTier]) -> int:
+    """The index of the main processes' tier: the first that holds a root, the last tier when
+    none does (the roots are gone). It keeps its reserve (``last_tier_reserve_s``) against the
+    tiers before it, and the tiers after it (what outlives the main processes: an engine that
+    stops its own children leaves none) keep nothing from it: with the root first
+    (``include_root``, SGLang's and Dynamo's profiles) the main process may wait out the whole
+    deadline for its own graceful exit."""
+    return next((i for i, tier in enumerate(plan) if tier.holds_roots), len(plan) - 1)
 
 
 def confirm_reserve(deadline_s: float, confirm_s: float) -> float:
@@ -148,22 +164,24 @@ def confirm_reserve(deadline_s: float, confirm_s: float) -> float:
 
 
 LAST_TIER_SHARE = 0.5
-"""Share of the kill's usable time (its deadline less the SIGKILL reserve) the last tier keeps
-for itself, never more than its own timeout. The last tier holds the registered main
-processes, whose exit code is the container's: a stubborn child earlier in the order must not
-take the time the main process needs to get its graceful signal and exit 0."""
+"""Share of the kill's usable time (its deadline less the SIGKILL reserve) the main processes'
+tier keeps for itself, never more than its own timeout. That tier (``main_tier_index``: the
+roots' tier, last by default) holds the registered main processes, whose exit code is the
+container's: a stubborn child earlier in the order must not take the time the main process
+needs to get its graceful signal and exit 0."""
 
 
 def last_tier_reserve_s(*, usable_s: float, last_timeout_s: float) -> float:
-    """Seconds set aside for the last tier when the kill starts (fixed for the whole kill, so
-    it does not shrink as the tiers before it use their time)."""
+    """Seconds set aside for the main processes' tier when the kill starts (fixed for the
+    whole kill, so it does not shrink as the tiers before it use their time)."""
     return max(0.0, min(last_timeout_s, LAST_TIER_SHARE * usable_s))
 
 
 def kept_for_later_s(
     *, left_s: float, later_timeouts: Sequence[float], last_reserve_s: float
 ) -> float:
-    """Seconds of ``left_s`` the current tier must leave to the tiers after it.
+    """Seconds of ``left_s`` the current tier must leave to the tiers after it, up to the main
+    processes' tier (``later_timeouts`` ends with that tier's; the tiers after it keep nothing).
 
     The last of ``later_timeouts`` keeps ``last_reserve_s``; the others between share what
     remains fairly with the current tier (each keeps at most its own timeout), so every tier

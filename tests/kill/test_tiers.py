@@ -17,6 +17,7 @@ from coordinator.kill.tiers import (
     confirm_wait_s,
     kept_for_later_s,
     last_tier_reserve_s,
+    main_tier_index,
     match_tier,
     plan_tiers,
 )
@@ -147,6 +148,45 @@ def test_a_stubborn_tier_leaves_the_main_process_its_reserve() -> None:
     roots = allotted_wait_s(now=0.1 + depth1, tier_started_at=0.1 + depth1, timeout_s=10,
                             deadline_at=10, reserve_s=2)
     assert roots == pytest.approx(reserve)
+
+
+def test_the_main_processes_tier_is_the_first_that_holds_a_root() -> None:
+    """The roots' tier, last by default; a declared ``include_root`` tier that matched the
+    root in its place (SGLang's profile: the main process first, its children after)."""
+    default = plan([member(100, 0), member(101, 1)])
+    assert [t.holds_roots for t in default] == [False, True]
+    assert main_tier_index(default) == 1
+    root_first = plan([member(100, 0, cmd="python -m sglang.launch_server"), member(101, 1)],
+                      {100: (TierSpec(name="sglang-root", pattern="sglang", include_root=True,
+                                      timeout_s=30),)})
+    assert [(t.name, t.holds_roots) for t in root_first] == [
+        ("sglang-root", True), ("depth-1", False)]
+    assert main_tier_index(root_first) == 0
+    assert main_tier_index(plan([member(101, 1), member(102, 2)])) == 1  # the roots are gone
+
+
+def test_a_root_first_tier_waits_for_its_main_process_until_the_deadline() -> None:
+    """SGLang as the issue measured it: grace 30 s, the kill's deadline 11.7 s, its SIGKILL
+    reserve 2 s; the main process alone first (tier timeout 30 s), its children after (10 s).
+
+    Before: the children's tier, last in the plan, kept half the usable time, and the main
+    process got SIGKILL about 5 s after its SIGTERM with 7 s of the budget unused. Now the
+    tiers after the main processes' keep nothing from it (``main_tier_index``: the kill passes
+    only the tiers up to it as ``later_timeouts``): it waits until the deadline less the
+    reserve."""
+    plan_ = [PlannedTier("sglang-root", 30, ((100, signal.SIGTERM),), holds_roots=True),
+             PlannedTier("depth-1", 10, ((101, signal.SIGTERM),))]
+    main = main_tier_index(plan_)
+    later = [t.timeout_s for t in plan_[1:main + 1]]
+    reserve = last_tier_reserve_s(usable_s=11.7 - 2, last_timeout_s=plan_[main].timeout_s)
+    wait = allotted_wait_s(now=0, tier_started_at=0, timeout_s=30, deadline_at=11.7,
+                           reserve_s=2, later_timeouts=later, last_reserve_s=reserve)
+    assert wait == pytest.approx(9.7)
+    before = allotted_wait_s(now=0, tier_started_at=0, timeout_s=30, deadline_at=11.7,
+                             reserve_s=2, later_timeouts=[10],
+                             last_reserve_s=last_tier_reserve_s(usable_s=9.7,
+                                                                last_timeout_s=10))
+    assert before == pytest.approx(4.85)
 
 
 @pytest.mark.parametrize(
