@@ -114,6 +114,7 @@ class DrainController:
             confirm_s=self.config.confirm_s,
             termination_share=self.config.termination_share,
             min_drain_s=self.config.min_drain_s,
+            main_exit_s=self.config.main_exit_s,
         )
         drain = DrainRecord(reason=reason, split=split, deadlines=anchor(split, self.clock()),
                             force=force)
@@ -264,10 +265,14 @@ class DrainController:
             drain.kill = {k: v for k, v in report.to_dict().items() if k != "processes"}
         # 4. done: judge what really happened.
         try:
-            drain.lost_requests = self.fleet.lost_requests(drain)
+            drain.cut_requests = self.fleet.cut_requests(drain)
+        except Exception as exc:
+            self._failed(drain, "counting the requests the kill cut", exc)
+        try:
+            drain.lost_requests = self.fleet.lost_requests(drain) + drain.cut_requests
         except Exception as exc:
             self._failed(drain, "counting lost requests", exc)
-        verdict = self._judge(drain)
+        verdict = self._judge(drain, self.config.engine_kills)
         drain.ended_at = self.clock()
         log_end = log.info if verdict.graceful else log.warning
         log_end("drain done: %s%s", verdict.outcome,
@@ -280,9 +285,10 @@ class DrainController:
             self._finish(drain)
 
     @staticmethod
-    def _judge(drain: DrainRecord) -> Verdict:
+    def _judge(drain: DrainRecord, engine_kills: str = "") -> Verdict:
         verdict = judge(list(drain.outcomes.values()), lost_requests=drain.lost_requests,
-                        errors=drain.errors, force=drain.force)
+                        cut_requests=drain.cut_requests, errors=drain.errors,
+                        force=drain.force, engine_kills=engine_kills)
         drain.outcome, drain.causes = verdict.outcome, list(verdict.causes)
         return verdict
 
@@ -302,7 +308,7 @@ class DrainController:
         except Exception as exc:
             self._failed(drain, step, exc)
             if judged:  # the verdict is already out: judge again with this error
-                self._judge(drain)
+                self._judge(drain, self.config.engine_kills)
 
     async def _kill(self, drain: DrainRecord) -> KillReport | None:
         """The ordered kill; never raises. A kill that fails unexpectedly is run again once,

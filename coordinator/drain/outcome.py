@@ -20,9 +20,16 @@ A drain is ``graceful`` only when all of these hold (DESIGN.md, "Outcome"):
   The orphans of a root that died before the drain are kill targets of their own
   (``depth == 0``, role ``orphan``) but no container reports their code: they are judged as
   children;
-- no handed-back request expired unacknowledged (``lost_requests == 0``);
+- no handed-back request expired unacknowledged and no request an adopted engine still had in
+  flight was cut by the kill (``lost_requests == 0``, ``cut_requests`` counted in it);
 - the drain had no internal failure (``errors``);
 - at least one process was known (otherwise ``nothing_to_drain``).
+
+A process that died of a SIGKILL the coordinator never sent was killed by its own engine (a
+``kill_process_tree`` of its parent, or ``PR_SET_PDEATHSIG`` when its parent ended): the cause
+says so, with what the engine's profile tells of it and how to end it cleanly
+(``engine_kills``), apart from the children of a main process the coordinator SIGKILLed, which
+died with it.
 
 When several causes apply, the outcome is the first of ``PRECEDENCE`` present; ``causes``
 lists every one, in that order. ``aborted`` and ``timeout`` are not judged here: the drain
@@ -49,7 +56,8 @@ SIGNALLED = "signalled"
 FAILED = "failed"
 """A process exited non-zero, or a root did not exit 0 (it died of its graceful signal)."""
 LOST_REQUESTS = "lost_requests"
-"""Handed-back requests expired unacknowledged: no router said it continued them."""
+"""Handed-back requests expired unacknowledged (no router said it continued them), or requests
+an adopted engine still had in flight were cut by the kill."""
 ERROR = "error"
 """The drain itself failed internally (what it knows is reported, but it may not be all)."""
 UNVERIFIED = "unverified"
@@ -100,27 +108,37 @@ def judge(
     processes: Sequence[ProcessOutcome],
     *,
     lost_requests: int = 0,
+    cut_requests: int = 0,
     errors: Sequence[str] = (),
     force: bool = False,
+    engine_kills: str = "",
 ) -> Verdict:
     """The outcome of a drain whose kill reported ``processes`` (see the module docstring).
 
-    ``force``: the drain was a force drain, so a process that died of SIGKILL before the
-    coordinator's own SIGKILL reached it (a ``PR_SET_PDEATHSIG`` child of a SIGKILLed parent)
-    counts as ``killed`` like the rest, not as ``signalled``.
+    ``lost_requests`` counts every request whose client was cut off, the ``cut_requests`` an
+    adopted engine still had in flight when the kill ended it among them (each kind gets its
+    own sentence). ``force``: the drain was a force drain, so a process that died of SIGKILL
+    before the coordinator's own SIGKILL reached it (a ``PR_SET_PDEATHSIG`` child of a
+    SIGKILLed parent) counts as ``killed`` like the rest, not as ``signalled``.
+    ``engine_kills``: what the engine's profile says of the SIGKILLs it sends its own tree.
     """
-    if lost_requests < 0:
-        raise ValueError(f"lost_requests must be >= 0, not {lost_requests}")
+    if lost_requests < 0 or cut_requests < 0:
+        raise ValueError(f"request counts must be >= 0, not {lost_requests}, {cut_requests}")
+    lost_requests = max(lost_requests, cut_requests)
     graceful_signals = frozenset(p.signal for p in processes if p.signal)
+    killed_roots = frozenset(p.pid for p in processes if _is_root(p) and p.killed_at is not None)
     groups: dict[tuple[str, str], list[ProcessOutcome]] = {}
     for process in processes:
-        finding = _finding(process, graceful_signals, force=force)
+        finding = _finding(process, graceful_signals, force=force, killed_roots=killed_roots,
+                           engine_kills=engine_kills)
         if finding is not None:
             groups.setdefault(finding, []).append(process)
     found: list[tuple[str, str]] = [(word, _sentence(members, reason))
                                     for (word, reason), members in groups.items()]
-    if lost_requests:
-        found.append((LOST_REQUESTS, _lost_sentence(lost_requests)))
+    if cut_requests:
+        found.append((LOST_REQUESTS, _cut_sentence(cut_requests)))
+    if lost_requests > cut_requests:
+        found.append((LOST_REQUESTS, _lost_sentence(lost_requests - cut_requests)))
     found += [(ERROR, f"The drain failed internally: {_clause(e)}.") for e in errors]
     if not processes:
         found.append((NOTHING_TO_DRAIN, "No process was registered or adopted, so the drain "
@@ -146,7 +164,8 @@ def _is_root(p: ProcessOutcome) -> bool:
 
 
 def _finding(
-    p: ProcessOutcome, graceful_signals: frozenset[str], *, force: bool
+    p: ProcessOutcome, graceful_signals: frozenset[str], *, force: bool,
+    killed_roots: frozenset[int] = frozenset(), engine_kills: str = "",
 ) -> tuple[str, str] | None:
     """``(outcome word, reason)`` for one process, or None when it ended acceptably. A
     process gives at most one finding: its most severe."""
@@ -165,7 +184,8 @@ def _finding(
                                 "cannot be confirmed")
         return None
     if code < 0:
-        return _signal_finding(p, graceful_signals, root=root, force=force)
+        return _signal_finding(p, graceful_signals, root=root, force=force,
+                               killed_roots=killed_roots, engine_kills=engine_kills)
     if code > 0:
         return FAILED, f"exited with code {code}{_shell_signal_note(code)}"
     return None
@@ -180,7 +200,8 @@ def _killed_reason(p: ProcessOutcome, *, force: bool) -> str:
 
 
 def _signal_finding(
-    p: ProcessOutcome, graceful_signals: frozenset[str], *, root: bool, force: bool
+    p: ProcessOutcome, graceful_signals: frozenset[str], *, root: bool, force: bool,
+    killed_roots: frozenset[int] = frozenset(), engine_kills: str = "",
 ) -> tuple[str, str] | None:
     assert p.exit_code is not None
     signum = -p.exit_code
@@ -188,6 +209,14 @@ def _signal_finding(
     container = f"; its container reports {128 + signum}" if root else ""
     if force and signum == signal.SIGKILL:
         return KILLED, f"died of SIGKILL during the force drain (exit {p.exit_code})"
+    if signum == signal.SIGKILL and p.killed_at is None:
+        if not root and p.root_pid in killed_roots:
+            return SIGNALLED, ("died of SIGKILL with its main process, which the coordinator "
+                               "SIGKILLed (exit -9), so its exit-time cleanup did not run")
+        # Never sent by the coordinator: its engine's own kill (or PDEATHSIG of its parent).
+        fix = f" ({_clause(engine_kills)})" if engine_kills else ""
+        return SIGNALLED, (f"was SIGKILLed by its own engine, not by the coordinator (exit -9"
+                           f"{container}), so its exit-time cleanup did not run{fix}")
     sent = p.signal
     graceful = died == sent if sent else died in graceful_signals
     if graceful:
@@ -231,6 +260,14 @@ def _lost_sentence(count: int) -> str:
                 "before the drain ended, so its client was cut off unless one did later.")
     return (f"{count} handed-back requests expired unacknowledged: no router said it continued "
             "them before the drain ended, so their clients were cut off unless one did later.")
+
+
+def _cut_sentence(count: int) -> str:
+    what = "1 request" if count == 1 else f"{count} requests"
+    verb = "was" if count == 1 else "were"
+    return (f"{what} the engine still had in flight by its own count when its processes "
+            f"ended {verb} cut by the kill: {'its client' if count == 1 else 'their clients'} "
+            "got no complete answer.")
 
 
 def _clause(text: str) -> str:

@@ -57,5 +57,9 @@ class Fleet(Protocol):
         """The drain is over: expire the handoffs still pending and return how many this
         drain lost in all (handed back, never acknowledged by a router)."""
 
+    def cut_requests(self, drain: DrainRecord) -> int:
+        """The kill is over: how many requests an engine that does not register still had in
+        flight by its own count when its processes ended (0 when nothing reads its count)."""
+
     def persist(self, now: bool = False) -> Awaitable[None] | None:
         """Save the state (``now``: return an awaitable that completes once it is on disk)."""

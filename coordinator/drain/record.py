@@ -26,6 +26,12 @@ class DrainConfig:
     min_drain_s: float = 0.0
     prekill_timeout_s: float = 2.0
     kill_signal: int = signal.SIGTERM
+    main_exit_s: float = 0.0
+    """Seconds the engine's main process needs from its graceful signal to its exit (its
+    profile's, ``coordinator.engines``): the termination share always fits it."""
+    engine_kills: str = ""
+    """What the engine SIGKILLs of its own tree when it stops, and what ends it cleanly (its
+    profile's): said of a process that died so (``coordinator.drain.outcome``)."""
 
 
 @dataclass
@@ -41,8 +47,12 @@ class DrainRecord:
     causes: list[str] = field(default_factory=list)
     """Why the outcome is not graceful: one plain sentence per cause."""
     lost_requests: int = 0
-    """Handoffs of this drain that no router acknowledged: requests whose clients were cut
-    off."""
+    """Requests whose clients were cut off: handoffs of this drain that no router
+    acknowledged, and ``cut_requests``."""
+    cut_requests: int = 0
+    """Requests an engine that does not register still had in flight (its own gauges, at
+    their last read before its processes ended) when the kill ended it: streams the kill
+    cut."""
     errors: list[str] = field(default_factory=list)
     """Internal failures during the drain (each one also in the log); the drain went on."""
     expired_before: int | None = None
@@ -68,6 +78,7 @@ class DrainRecord:
             "outcome": self.outcome,
             "causes": list(self.causes),
             "lost_requests": self.lost_requests,
+            "cut_requests": self.cut_requests,
             "errors": list(self.errors),
             "ended_at": self.ended_at,
             "force": self.force,
@@ -95,6 +106,7 @@ class DrainRecord:
             force=bool(data.get("force", False)),
             causes=[str(c) for c in data.get("causes") or ()],
             lost_requests=int(data.get("lost_requests") or 0),
+            cut_requests=int(data.get("cut_requests") or 0),
             errors=[str(e) for e in data.get("errors") or ()],
             expired_before=(None if data.get("expired_before") is None
                             else int(data["expired_before"])),

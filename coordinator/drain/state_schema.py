@@ -157,7 +157,8 @@ DRAIN = _object(
      "termination_s": SECONDS},
     {"min_drain_s": SECONDS, "outcome": _nullable(_str), "ended_at": _nullable(EPOCH),
      "kill": _nullable(_object({})), "force": _bool, "outcomes": _list(OUTCOME),
-     "causes": _list(_str), "lost_requests": _int(), "errors": _list(_str),
+     "causes": _list(_str), "lost_requests": _int(), "cut_requests": _int(),
+     "errors": _list(_str),
      "expired_before": _nullable(_int())},
 )
 TIER = _object(

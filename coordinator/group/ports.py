@@ -72,6 +72,9 @@ class GroupFleet:
     def lost_requests(self, drain: DrainRecord) -> int:
         return self.inner.lost_requests(drain)
 
+    def cut_requests(self, drain: DrainRecord) -> int:
+        return self.inner.cut_requests(drain)
+
     def persist(self, now: bool = False) -> Awaitable[None] | None:
         return self.inner.persist(now)
 

@@ -10,6 +10,10 @@ migration deadline. So an adopted engine's requests finish inside the migration 
 instead of being cut by the kill.
 
     1. the first read is taken before the phase may end (``settled`` is False until then);
+       the reads go on while the kill runs (``ending``), until the engine stops answering:
+       the count it gave at its last answer (``last_count``) is what it still had in flight
+       when it stopped, which the kill then cut (``cut``); a read that fails then ends the
+       reads and leaves ``/status`` its last reading;
     2. each later read that changes the count bumps ``/status`` (``engine_inflight``);
     3. an endpoint that cannot be read or parsed counts as settled (the engine may be gone, or
        never exported the gauges): the reason is shown in ``/status`` and logged once, and the
@@ -89,6 +93,10 @@ class EngineProbe:
         self._on_change = on_change
         self._task: asyncio.Task[None] | None = None
         self._read_once = False
+        self.last_count: int | None = None
+        """The count of the last read that succeeded (a failed or slow read keeps it)."""
+        self.ending = False
+        """The kill runs: the engine's end is expected (step 1)."""
 
     @property
     def settled(self) -> bool:
@@ -97,9 +105,17 @@ class EngineProbe:
             return False  # steps 1 and 4
         return self.reading.error is not None or not self.reading.count
 
+    @property
+    def cut(self) -> int:
+        """Requests the engine counted in flight at its last answer (step 1): once its
+        processes are gone, what the kill cut."""
+        return self.last_count or 0
+
     def start(self) -> None:
         self.stop()
         self._read_once = False
+        self.last_count = None
+        self.ending = False
         self._task = asyncio.get_running_loop().create_task(self._run(), name="engine-probe")
 
     def stop(self) -> None:
@@ -118,6 +134,10 @@ class EngineProbe:
                 slow = error == SLOW
                 if slow:  # step 4: the last count holds
                     count = self.reading.count
+                elif error is None:
+                    self.last_count = count
+                elif self.ending:  # step 1: the engine is going; its last answer stands
+                    return
                 changed = (count, error) != (self.reading.count, self.reading.error)
                 if error is not None and error != self.reading.error:
                     log.warning("engine metrics at %s: %s (%s)", self.url, error,

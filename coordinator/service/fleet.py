@@ -6,6 +6,7 @@ port), and the events the workers are sent.
     migration_settled   no handoff pending, no worker with requests in flight or a report owed
     terminating     ``terminate`` pushed (pre-kill hooks), workers moved; whom to wait for
     kill_targets    registered roots, adopted roots, and what exited workers left behind
+    cut_requests    after the kill: what an adopted engine still had in flight (its gauges)
     lost_requests   at the end: what no router acknowledged
 """
 
@@ -101,8 +102,10 @@ class WorkerFleet:
 
     def terminating(self, drain: DrainRecord) -> list[str]:
         c = self.coordinator
+        # The engine probe reads on while the kill runs: what the engine still counts at its
+        # last answer is what the kill cut (``cut_requests``).
         if c.engine_probe is not None:
-            c.engine_probe.stop()
+            c.engine_probe.ending = True
         c.notifier.publish(self._terminate_event(drain))
         waiting: list[str] = []
         for worker in c.registry.alive():
@@ -177,6 +180,18 @@ class WorkerFleet:
         if expired:
             c.metrics.migrations.labels("expired").inc(expired)
             c.bump()
+
+    def cut_requests(self, drain: DrainRecord) -> int:
+        c = self.coordinator
+        probe = c.engine_probe
+        if probe is None:
+            return 0
+        probe.stop()
+        cut = probe.cut
+        if cut:
+            log.warning("the engine counted %d request(s) in flight at its last answer (%s): "
+                        "the kill cut them", cut, probe.url)
+        return cut
 
     def lost_requests(self, drain: DrainRecord) -> int:
         c = self.coordinator

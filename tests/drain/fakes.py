@@ -161,6 +161,8 @@ class FakeFleet:
     prekill: Callable[[list[str]], bool] = lambda ids: True
     prekill_ids: list[str] = field(default_factory=lambda: ["w1"])
     lost: int = 0
+    cut: int = 0
+    """What ``cut_requests`` answers: requests an adopted engine still had in flight."""
     failing: set[str] = field(default_factory=set)
     persist_failures: dict[int, PersistFailure] = field(default_factory=dict)
     flushes: bool = True
@@ -217,6 +219,10 @@ class FakeFleet:
     def lost_requests(self, drain: DrainRecord) -> int:
         self._enter("lost_requests", drain)
         return self.lost
+
+    def cut_requests(self, drain: DrainRecord) -> int:
+        self._enter("cut_requests", drain)
+        return self.cut
 
     def persist(self, now: bool = False) -> Awaitable[None] | None:
         self.persist_count += 1

@@ -58,12 +58,22 @@ RULES: list[tuple[str, list[ProcessOutcome], dict[str, Any], str, tuple[str, ...
      "killed", ("force drain",)),
     ("root's own SIGKILL (kill_process_tree include_parent)",
      [root(name="sglang", exit_code=-9)], {}, "signalled",
-     ("Main process sglang", "SIGKILL (exit -9; its container reports 137)",
-      "not of the SIGTERM it was sent")),
+     ("Main process sglang", "SIGKILLed by its own engine, not by the coordinator (exit -9; "
+      "its container reports 137)")),
     ("child SIGSEGV", [proc(exit_code=-11)], {}, "signalled", ("died of SIGSEGV (exit -11)",)),
     ("child SIGABRT", [proc(exit_code=-6)], {}, "signalled", ("SIGABRT",)),
     ("PDEATHSIG child", [proc(signal=None, exit_code=-9), root()], {}, "signalled",
-     ("a signal the drain never sent it",)),
+     ("was SIGKILLed by its own engine, not by the coordinator",)),
+    ("the engine's own SIGKILL, as its profile tells it",
+     [proc(name="sglang::detokenizer", signal=None, exit_code=-9), root()],
+     {"engine_kills": "SGLang kills it at every shutdown; the drainable integration ends it "
+                      "cleanly."},
+     "signalled", ("Process sglang::detokenizer", "by its own engine, not by the coordinator",
+                   "(SGLang kills it at every shutdown; the drainable integration ends it "
+                   "cleanly)")),
+    ("a stream the kill cut", [root()], {"lost_requests": 1, "cut_requests": 1},
+     "lost_requests", ("1 request the engine still had in flight by its own count when its "
+                       "processes ended was cut by the kill",)),
     ("PDEATHSIG child in a force drain", [proc(signal=None, exit_code=-9)], {"force": True},
      "killed", ("died of SIGKILL during the force drain",)),
     ("child stopped by its parent with the drain's SIGTERM",
@@ -197,8 +207,33 @@ def test_processes_with_the_same_cause_share_one_sentence() -> None:
 
 
 def test_negative_lost_requests_are_refused() -> None:
-    with pytest.raises(ValueError, match="lost_requests"):
+    with pytest.raises(ValueError, match="request counts"):
         judge([root()], lost_requests=-1)
+    with pytest.raises(ValueError, match="request counts"):
+        judge([root()], cut_requests=-1)
+
+
+def test_the_children_of_a_main_process_the_coordinator_killed_died_with_it() -> None:
+    """Their SIGKILL is the coordinator's doing (PDEATHSIG of the root it SIGKILLed), not
+    their engine's."""
+    verdict = judge([proc(signal=None, exit_code=-9, root_pid=77),
+                     root(pid=77, fate=Fate.KILLED, killed_at=1.0, exit_code=-9)],
+                    engine_kills="never said of these")
+    assert verdict.outcome == "killed"
+    assert "needed SIGKILL" in verdict.causes[0]
+    assert "died of SIGKILL with its main process, which the coordinator SIGKILLed" in (
+        verdict.causes[1])
+    assert "never said" not in " ".join(verdict.causes)
+
+
+def test_cut_requests_are_lost_requests_with_a_sentence_of_their_own() -> None:
+    """Two handoffs expired and one stream cut: three lost, each kind said on its own; a cut
+    count the caller left out of the total still counts."""
+    verdict = judge([root()], lost_requests=3, cut_requests=1)
+    assert verdict.outcome == "lost_requests"
+    assert verdict.lost_requests == 3
+    assert [c.split(" ", 2)[:2] for c in verdict.causes] == [["1", "request"], ["2", "handed-back"]]
+    assert judge([root()], cut_requests=2).lost_requests == 2
 
 
 @pytest.mark.parametrize(("sent", "code", "expected"), [

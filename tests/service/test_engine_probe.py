@@ -230,3 +230,25 @@ def test_the_progress_line_and_the_status_text_count_the_engines_requests() -> N
     unread = {**reading, "inflight": None, "root": None, "error": "answered 404"}
     assert "engine      in flight unknown, from http://127.0.0.1:8000/metrics: answered 404" \
         in status_text({**doc, "engine_inflight": unread}).splitlines()
+
+
+def test_requests_the_engine_still_counts_when_it_ends_are_counted_as_cut(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. an adopted engine whose metrics say 1 request runs, to its end (as a stream longer
+    than the budget); 2. the drain waits out the migration window, then SIGTERMs it; the probe
+    reads on while the kill runs; 3. the engine exits 0, its last answer (its own reads log)
+    still counting the request: the summary counts it cut, in ``lost_requests``, and the
+    outcome says so. A stream the engine's end cut is never "0 lost"."""
+    engine, count, port = start_engine(janitor, tmp_path, running=1)
+    running = start_coordinator(janitor, tmp_path, *FAST, "--adopt-pid", str(engine.pid),
+                                "--engine-metrics-url", f"http://127.0.0.1:{port}/metrics")
+    with running.client(timeout=120) as client:
+        summary = client.get("/drain").json()
+    assert engine.wait(timeout=60) == 0
+    assert count.with_suffix(".reads").read_text().split()[-1] == "1"
+    drain = summary["drain"]
+    assert drain["cut_requests"] == 1
+    assert drain["lost_requests"] == 1
+    assert summary["outcome"] == "lost_requests"
+    assert any("cut by the kill" in cause for cause in drain["causes"]), drain["causes"]
+    assert [(p["fate"], p["exit_code"]) for p in summary["processes"]] == [("exited", 0)]
