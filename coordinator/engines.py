@@ -61,7 +61,18 @@ class EngineProfile:
     """Gauges whose sum is its in-flight requests (empty: the coordinator's default)."""
     note: str = ""
     """What the operator must set on the engine itself, shown in ``--help`` and the docs."""
+    main_exit_s: float = 0.0
+    """Seconds its main process needs from its graceful signal to its exit with nothing in
+    flight (measured): the budget's termination share always fits it (``split_budget``)."""
+    engine_kills: str = ""
+    """What the engine SIGKILLs of its own tree when it stops, and what ends those processes
+    cleanly: the drain's outcome says it of each process that died so."""
 
+
+
+UNBOUNDED_TIER_S = 3600.0
+"""A root tier that the drain's deadline bounds, never its own timeout (the longest a tier
+may declare)."""
 
 
 def root_first(name: str, timeout_s: float) -> tuple[TierSpec, ...]:
@@ -108,24 +119,44 @@ PROFILES: dict[str, EngineProfile] = {
         note="keep --disable-log-stats off (the in-flight gauges need it); set "
              "--shutdown-timeout (e.g. 30) so its API server, signalled first, stops its "
              "engine itself and the preStop hook returns before it"),
-    # sglang 0.5.23: the main process spawns schedulers and a detokenizer with
-    # PDEATHSIG=SIGKILL (common.py:3432-3437). SIGTERM to the main process (after its first
-    # request) drains without a bound, then ShutdownReq and kill_process_tree of its
-    # children (tokenizer_manager.py:3508-3571); children have no SIGTERM handler, and a
-    # child dying non-zero makes SubprocessWatchdog SIGQUIT the main process, which SIGKILLs
-    # the tree and itself (watchdog.py:166-223, exit 137). /metrics on port 30000 with
-    # --enable-metrics: sglang:num_running_reqs, sglang:num_queue_reqs
-    # (observability/metrics_collector.py:364-376).
+    # sglang 0.5.23 (srt/ paths in its wheel), measured on the real engine (docs/engines.md).
+    # Tree: the main process (tokenizer manager + uvicorn), the multiprocessing
+    # resource_tracker, sglang::scheduler and sglang::detokenizer (spawned, with
+    # PR_SET_PDEATHSIG=SIGKILL: utils/common.py:3432-3437), one process group.
+    # SIGTERM to the main process (handler added at its first request,
+    # managers/tokenizer_manager.py:2452-2462, 4066-4070) only sets gracefully_exit;
+    # sigterm_watchdog (:3508-3571) notices it within 5 s (it sleeps 5 s between looks),
+    # waits for every request with no bound (5 s a look), stops the SubprocessWatchdog,
+    # sends ShutdownReq (the schedulers leave their loop and exit 0, scheduler.py:6170-6173,
+    # 6365-6396), waits up to 15 s for them, then kill_process_tree(include_parent=False)
+    # SIGKILLs every child left (common.py:2507-2564): the detokenizer, whose loop has no
+    # way out but a signal (detokenizer_manager.py:184-192), and the resource_tracker. uvicorn
+    # then stops; main exits 0 (4.3-13.7 s after SIGTERM here, the longer with a stream in
+    # flight). launch_server.py:83-86 runs kill_process_tree once more on the way out. A
+    # child that dies non-zero first makes the SubprocessWatchdog SIGQUIT the main process,
+    # which SIGKILLs the tree and itself (utils/watchdog.py:166-223, tokenizer_manager.py:
+    # 4072-4081: exit 137), hence the main process alone first, for as long as the budget
+    # has (the tier's 3600 s is never the bound), with the time it needs to exit kept in the
+    # termination share (main_exit_s). /metrics on port 30000 with --enable-metrics:
+    # sglang:num_running_reqs, sglang:num_queue_reqs (observability/metrics_collector.py:
+    # 364-376), refreshed when the scheduler idles (metrics_reporter.py:1476-1500).
     "sglang": EngineProfile(
         name="sglang",
         adopt_patterns=(
             _PYTHON + r"(-m\s+sglang\.launch_server|(\S*/)?sglang\s+serve)(\s|$)",
             r"^(\S*/)?sglang\s+serve(\s|$)"),
-        tiers=root_first("sglang", 30.0),
+        tiers=root_first("sglang", UNBOUNDED_TIER_S),
         metrics_url="http://127.0.0.1:30000/metrics",
         inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
         note="start it with --enable-metrics (the in-flight gauges); its own SIGTERM drain has "
-             "no bound, the coordinator's budget is the bound"),
+             "no bound, the coordinator's budget is the bound: give it a grace period that "
+             "fits the longest request plus about 15 s for its exit (docs/deploy.md)",
+        main_exit_s=15.0,
+        engine_kills="SGLang 0.5.23 SIGKILLs its detokenizer and the multiprocessing "
+                     "resource_tracker at every shutdown (kill_process_tree in its "
+                     "sigterm_watchdog), so no drain of it is graceful; the drainable "
+                     "integration (deploy/examples/sglang/drainable_server.py) or an SGLang "
+                     "with PR #16484 ends them cleanly"),
     # ai-dynamo 1.6.1: dynamo.vllm / dynamo.sglang run the engine in the root process
     # (vllm/main.py:169-276, sglang/init_llm.py:88); SIGTERM unregisters from discovery,
     # waits DYN_GRACEFUL_SHUTDOWN_GRACE_PERIOD_SECS (5 s), then runtime.shutdown(), which

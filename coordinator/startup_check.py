@@ -27,6 +27,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from coordinator.drain.budget import split_budget, too_short_for_a_tier, total_budget
+from coordinator.engines import PROFILES
 from coordinator.router_settings import NEEDS_WORKER_URL
 from coordinator.settings import ENV_PREFIX, Settings
 
@@ -133,7 +134,8 @@ def short_budget(settings: Settings) -> list[str]:
     split = split_budget(total_budget(settings.grace_period_s, settings.safety_margin_s),
                          tier_timeout_s=settings.tier_timeout_s, confirm_s=settings.confirm_s,
                          termination_share=settings.termination_share,
-                         min_drain_s=settings.min_drain_s)
+                         min_drain_s=settings.min_drain_s,
+                         main_exit_s=PROFILES[settings.engine].main_exit_s)
     warning = too_short_for_a_tier(split, tier_timeout_s=settings.tier_timeout_s)
     if warning is None:
         return []
@@ -146,7 +148,8 @@ def effective(settings: Settings) -> dict[str, Any]:
     budget = split_budget(total_budget(settings.grace_period_s, settings.safety_margin_s),
                           tier_timeout_s=settings.tier_timeout_s, confirm_s=settings.confirm_s,
                           termination_share=settings.termination_share,
-                          min_drain_s=settings.min_drain_s)
+                          min_drain_s=settings.min_drain_s,
+                          main_exit_s=PROFILES[settings.engine].main_exit_s)
     return {
         "engine": settings.engine,
         "budget_s": round(budget.total_s, 3),

@@ -2,7 +2,10 @@
 
     budget      = grace period - safety margin        (an operator's deadline_s only shortens it)
     termination = max(share * budget, one tier + SIGKILL confirmation), but never more than
-                  3/4 of the budget, so even a short budget leaves workers time to hand back
+                  3/4 of the budget, so even a short budget leaves workers time to hand back;
+                  "one tier" is the longer of the default tier timeout and the time the
+                  engine's main process needs to exit after its graceful signal (its
+                  profile's ``main_exit_s``: SGLang's, measured, is longer than a tier)
     migration   = budget - termination                (draining + migrating)
     min drain   = --min-drain, cut to the migration share
 
@@ -61,9 +64,10 @@ def split_budget(
     confirm_s: float,
     termination_share: float = 0.4,
     min_drain_s: float = 0.0,
+    main_exit_s: float = 0.0,
 ) -> BudgetSplit:
     """Split ``total_s`` between migration and termination (see the module docstring)."""
-    reserve = tier_timeout_s + confirm_s
+    reserve = max(tier_timeout_s, main_exit_s) + confirm_s
     termination = max(
         termination_share * total_s, min(reserve, MAX_TERMINATION_FRACTION * total_s)
     )

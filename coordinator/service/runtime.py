@@ -31,6 +31,7 @@ from coordinator.drain.outcome import NOTHING_TO_DRAIN
 from coordinator.drain.phases import Phase, PhaseMachine, Transition
 from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
+from coordinator.engines import PROFILES
 from coordinator.errors import DrainConflict, LimitReached
 from coordinator.group.node import ControllerHost, GroupNode
 from coordinator.kill import adoption, identity
@@ -119,6 +120,8 @@ class Coordinator:
                 termination_share=settings.termination_share,
                 min_drain_s=settings.min_drain_s,
                 prekill_timeout_s=settings.prekill_timeout_s,
+                main_exit_s=PROFILES[settings.engine].main_exit_s,
+                engine_kills=PROFILES[settings.engine].engine_kills,
             ),
             on_outcome=lambda _outcome: self.processes_changed(),
             on_finished=self._finished,

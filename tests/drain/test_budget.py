@@ -58,3 +58,14 @@ def test_deadlines_are_anchored_at_the_start() -> None:
     assert deadlines.deadline_at == 1025.0
     assert remaining(deadlines.deadline_at, 1020.0) == 5.0
     assert remaining(deadlines.deadline_at, 1030.0) == 0.0
+
+
+def test_the_termination_share_fits_the_engines_main_exit() -> None:
+    """SGLang at the default grace period (30 s - 5 s): its main process needs up to 15 s
+    from SIGTERM to its exit (``main_exit_s``, measured), more than a 10 s tier, so
+    termination gets 15 + 2 s of the 25 s and migration the 8 s left; with a budget long
+    enough the share rules as before."""
+    sglang = split_budget(25, tier_timeout_s=10, confirm_s=2, main_exit_s=15)
+    assert (sglang.termination_s, sglang.migration_s) == (17, 8)
+    assert split_budget(25, tier_timeout_s=10, confirm_s=2).termination_s == 12
+    assert split_budget(115, tier_timeout_s=10, confirm_s=2, main_exit_s=15).termination_s == 46
