@@ -59,6 +59,13 @@ class EngineKnobs:
     own graceful wait: vLLM's ``--shutdown-timeout``, SGLang's SIGTERM watchdog), cuts what
     is left, then stops its children as ``graceful_main`` does and exits 0. 0: as
     ``graceful_main`` says."""
+    sigkill_leftovers: bool = False
+    """When the main process stops its children on its own shutdown (``graceful_main``,
+    ``serve_open_streams_s``): only the schedulers (and a DP controller) get SIGTERM and a
+    bounded wait; whatever is left below it then (the detokenizer) gets SIGKILL, as SGLang
+    0.5.23's shutdown does: ``ShutdownReq`` lets its schedulers leave and exit 0, then
+    ``kill_process_tree`` SIGKILLs its detokenizer, whose loop has no way out but a signal
+    (measured on the real engine, docs/engines.md)."""
     dp_no_propagate: bool = False
     """The DP controller exits on SIGTERM without stopping its schedulers (the failure mode:
     PDEATHSIG SIGKILLs them)."""

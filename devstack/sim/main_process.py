@@ -281,19 +281,28 @@ class EngineMain:
     async def _finish_graceful_shutdown(self) -> int:
         # 0. What a subclass does first (a multi-node leader has rank 0 finish the group).
         await self.before_stopping_children()
-        # 1. Graceful signal to the direct children (the DP controller stops its own).
-        pids = [c.pid for c in self.children]
+        # 1. Graceful signal to the direct children (the DP controller stops its own); with
+        #    ``sigkill_leftovers`` to the schedulers and DP controller only (SGLang's
+        #    ShutdownReq), the rest SIGKILLed in 3.
+        stopped = [c for c in self.children
+                   if not self.knobs.sigkill_leftovers or c.role != Role.DETOKENIZER.value]
+        pids = [c.pid for c in stopped]
         for pid in pids:
             send_signal(pid, signal.SIGTERM)
         # 2. Bounded wait; the watchdog thread reaps them as they go.
         assert self.watchdog is not None
         watchdog = self.watchdog
         stragglers = await asyncio.to_thread(watchdog.wait_exited, pids, self.knobs.child_timeout_s)
-        # 3. SIGKILL stragglers and whatever is still below them, then wait for them too.
-        if stragglers:
+        # 3. SIGKILL stragglers and whatever is still below them (with ``sigkill_leftovers``,
+        #    everything left: SGLang's kill_process_tree), then wait for them too.
+        if stragglers or self.knobs.sigkill_leftovers:
             for proc in _descendants():
                 send_signal(proc.pid, signal.SIGKILL)
-            await asyncio.to_thread(watchdog.wait_exited, pids, self.knobs.child_timeout_s)
+            everyone = [c.pid for c in self.children]
+            await asyncio.to_thread(watchdog.wait_exited, everyone, self.knobs.child_timeout_s)
+        if self.knobs.sigkill_leftovers:
+            self.record.update(engine_sigkilled=sorted(
+                c.pid for c in self.children if c not in stopped))
         # 4. Own teardown, then exit 0.
         if self.knobs.teardown_s > 0:
             await asyncio.sleep(self.knobs.teardown_s)

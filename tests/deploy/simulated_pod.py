@@ -30,8 +30,10 @@ from tests.support.processes import ProcessJanitor, wait_for
 
 SHAPES = {
     # Two TP schedulers and a detokenizer, each with PDEATHSIG; the main process's watchdog
-    # SIGKILLs the tree when one of them exits while it is armed (SubprocessWatchdog).
-    "sglang": EngineKnobs(schedulers=2, watchdog=True, teardown_s=0.2),
+    # SIGKILLs the tree when one of them exits while it is armed (SubprocessWatchdog). On its
+    # own shutdown the schedulers leave and the detokenizer gets SIGKILL, as the real
+    # SGLang 0.5.23 does (ShutdownReq, then kill_process_tree).
+    "sglang": EngineKnobs(schedulers=2, watchdog=True, teardown_s=0.2, sigkill_leftovers=True),
     # Two MPI workers (the sim's schedulers; the sim always adds a detokenizer child, here in
     # the place of a postprocess worker). The watchdog stands for an executor that fails when
     # a worker dies under it (proxy.py: a worker's failure goes to its error queue).
