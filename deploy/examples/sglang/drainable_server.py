@@ -1,69 +1,338 @@
-"""An SGLang completions server whose in-flight streams are handed back when the pod drains.
+"""SGLang's own server, with its in-flight streams handed back when the pod drains and every
+process of its tree ending cleanly.
 
-``sglang.Engine`` does the inference in this process (its tokenizer manager runs on the
-server's event loop; schedulers and the detokenizer are its children). What this module adds:
-
-1. the process registers with the pod's shutdown-coordinator (``--coordinator`` or
-   ``SHUTDOWN_COORDINATOR_URL``) with SGLang's kill tiers (schedulers, then the data-parallel
-   controller, then the detokenizer, the main process last);
-2. each request runs inside ``client.track(rid)``: the request's wait on the engine races
-   ``shutdown_event`` (the upstream pattern); when the drain wins, the request is aborted in
-   the engine (``tokenizer_manager.abort_request``: the scheduler frees its KV cache) and the
-   stream ends with a ``handed_back`` event instead of ``[DONE]``;
-3. SGLang's own signal handlers still run: ``install_graceful_shutdown`` is installed on the
-   serving loop *before* the engine's first request, so the SIGTERM/SIGQUIT handlers the
-   tokenizer manager adds then with ``loop.add_signal_handler`` are captured and run after the
-   drain (SIGTERM: SGLang's own drain-and-exit) instead of being bypassed;
-4. a pre-kill hook stands SGLang's ``SubprocessWatchdog`` down and asks the schedulers to
-   release their resources and exit (``ShutdownReq``, what SGLang's own SIGTERM path sends),
-   so the coordinator's children-first kill finds them exiting, and the watchdog does not
-   turn their exit into a SIGQUIT that SIGKILLs the whole tree.
-
-Not run on this project's CI machines: SGLang's wheel pins a CUDA torch and CUDA kernels
-(see docs/engines.md for what was and was not tested).
-
-Streaming convention and run line: as deploy/examples/vllm/drainable_server.py::
+Run it as ``python -m sglang.launch_server`` is run, with SGLang's own flags and two more::
 
     python deploy/examples/sglang/drainable_server.py --model-path DIR --port 30000 \\
-        --coordinator http://127.0.0.1:8787
+        --coordinator http://127.0.0.1:8787 [--coordinator-token-file F]
+
+It is SGLang's HTTP server (``sglang.srt.entrypoints.http_server.launch_server``: every
+OpenAI route, ``/metrics``, what smg asks of a worker), given through the seams that function
+offers, and one ASGI middleware:
+
+1. the process registers with the pod's shutdown-coordinator (``--coordinator`` or
+   ``SHUTDOWN_COORDINATOR_URL``) and declares its main process as the first tier
+   (``include_root``): the main process stops its own children, in order, on its SIGTERM;
+2. each ``POST /v1/completions``, ``/v1/chat/completions`` and ``/generate`` runs inside
+   ``client.track(rid)`` (the middleware gives the request SGLang's ``rid``): when a drain
+   starts, the request is aborted in the engine (``TokenizerManager.abort_request``: the
+   scheduler frees its KV cache) and the stream ends with a ``handed_back`` event instead of
+   ``[DONE]`` (before its first byte: a 503 with that event), so the router or the
+   continuation proxy continues it on another worker;
+3. SGLang's own SIGTERM path is not used: it SIGKILLs the detokenizer and the multiprocessing
+   resource tracker at every shutdown (``sigterm_watchdog`` → ``kill_process_tree`` in
+   ``managers/tokenizer_manager.py``). The tokenizer manager's ``signal_handler_class`` is
+   replaced by one whose SIGTERM does nothing of its own (its SIGQUIT, a crashed child, is
+   SGLang's); ``install_graceful_shutdown`` puts the drain in front of uvicorn's SIGTERM, and
+   when uvicorn stops, the lifespan's end stops the engine in order (``stop_engine``): the
+   child watchdog stood down, ``ShutdownReq`` (the schedulers leave their loop, release
+   their resources and exit 0), then SIGTERM to the detokenizer (and the data-parallel
+   controller), which this module gives a handler that leaves its endless loop and exits 0
+   (``run_detokenizer_until_sigterm``, passed to ``launch_server`` as
+   ``run_detokenizer_process_func``; ``run_dp_controller_until_sigterm`` likewise). The
+   main process then exits 0, and the resource tracker, whose pipe it held, exits 0 after it;
+4. a pre-kill hook stands the child watchdog down before the coordinator's kill begins.
+
+What it does not change: SGLang's files, its scheduler, its SIGQUIT crash path.
 """
 
 from __future__ import annotations
 
-import argparse
+import asyncio
 import contextlib
 import json
 import logging
 import os
 import signal
+import sys
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import sglang
-import uvicorn
-from fastapi import FastAPI, Request
-from fastapi.responses import StreamingResponse
+import psutil
 
 from worker_client import Tier, WorkerClient, handed_back_event, install_graceful_shutdown
 
 log = logging.getLogger("drainable_sglang")
 
-SGLANG_TIERS = (
-    # Same table: deploy/examples/unmodified/engine_tiers.py.
-    Tier("schedulers", pattern=r"sglang::scheduler", timeout_s=30),
-    Tier("dp-controller", pattern=r"sglang::data_parallel_controller", timeout_s=10),
-    Tier("detokenizer", pattern=r"sglang::(detokenizer|tokenizer_worker)", timeout_s=10),
-)
+TRACKED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate"})
+SCHEDULER_EXIT_S = 15.0
+"""How long the schedulers get to leave after ``ShutdownReq`` (SGLang's own bound)."""
+CHILD_EXIT_S = 10.0
+"""How long the detokenizer and the DP controller get after their SIGTERM."""
+MAIN_TIER_S = 60.0
+"""The main process's tier: the engine's orderly stop, well inside it."""
+
+OWN_FLAGS = {"--coordinator": "SHUTDOWN_COORDINATOR_URL",
+             "--coordinator-token-file": "SHUTDOWN_COORDINATOR_TOKEN_FILE",
+             "--advertise-url": None}
 
 
-class Server(uvicorn.Server):
-    """uvicorn without its re-raise of the stop signal after serving (a drained worker
-    exits 0, not -15)."""
+# --- the engine's children: a SIGTERM that ends them cleanly -------------------------------
+
+
+def _leave(signum: int, frame: Any) -> None:
+    # The loop of these processes has no way out but a signal: leave it as a clean exit, so
+    # multiprocessing's bootstrap runs its exit handlers and the process exits 0.
+    raise SystemExit(0)
+
+
+def run_detokenizer_until_sigterm(*args: Any, **kwargs: Any) -> None:
+    """SGLang's detokenizer process, which leaves its loop and exits 0 on SIGTERM."""
+    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+
+    signal.signal(signal.SIGTERM, _leave)
+    run_detokenizer_process(*args, **kwargs)
+
+
+def run_dp_controller_until_sigterm(*args: Any, **kwargs: Any) -> None:
+    """SGLang's data-parallel controller, which exits 0 on SIGTERM (its schedulers, its own
+    children, have left after ``ShutdownReq`` by then)."""
+    from sglang.srt.managers.data_parallel_controller import (
+        run_data_parallel_controller_process,
+    )
+
+    signal.signal(signal.SIGTERM, _leave)
+    run_data_parallel_controller_process(*args, **kwargs)
+
+
+# --- the main process ----------------------------------------------------------------------
+
+
+def _children(names: tuple[str, ...]) -> list[psutil.Process]:
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            title = " ".join(child.cmdline()) or child.name()
+            if any(title.startswith(name) for name in names):
+                found.append(child)
+    return found
+
+
+async def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    _, alive = await asyncio.to_thread(psutil.wait_procs, procs, timeout_s)
+    return list(alive)
+
+
+async def stop_engine(tokenizer_manager: Any) -> None:
+    """The engine's children, in order, each ending cleanly (module docstring, step 3)."""
+    from sglang.srt.managers.io_struct import ShutdownReq
+
+    watchdog = getattr(tokenizer_manager, "_subprocess_watchdog", None)
+    if watchdog is not None:
+        watchdog.stop()
+    schedulers = _children(("sglang::scheduler",))
+    tokenizer_manager._dispatch_to_scheduler(ShutdownReq())
+    late = await _wait_gone(schedulers, SCHEDULER_EXIT_S)
+    for proc in late:
+        log.warning("scheduler %d still running %.0f s after ShutdownReq", proc.pid,
+                    SCHEDULER_EXIT_S)
+    for names in (("sglang::data_parallel_controller",), ("sglang::detokenizer",)):
+        procs = _children(names)
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.terminate()
+        for proc in await _wait_gone(procs, CHILD_EXIT_S):
+            log.warning("%s %d still running after SIGTERM: SIGKILL", names[0], proc.pid)
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()
+    log.info("engine stopped: every child has exited")
+
+
+class Drainable:
+    """What this module adds to SGLang's server, in one place."""
+
+    def __init__(self, client: WorkerClient) -> None:
+        self.client = client
+        self.tokenizer_manager: Any = None
+
+    def init_tokenizer_manager(self, init: Callable[..., Any]) -> Callable[..., Any]:
+        """``launch_server``'s ``init_tokenizer_manager_func``: SGLang's, and then its
+        SIGTERM handler replaced (step 3) and the pre-kill hook added (step 4)."""
+        from sglang.srt.managers.tokenizer_manager import SignalHandler
+
+        class LeaveSigtermToUvicorn(SignalHandler):  # type: ignore[misc]
+            def sigterm_handler(self, signum: Any = None, frame: Any = None) -> None:
+                log.info("SIGTERM: uvicorn stops, then the engine in order")
+
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            result = init(*args, **kwargs)
+            manager = result[0] if isinstance(result, tuple) else result
+            manager.signal_handler_class = LeaveSigtermToUvicorn
+            self.tokenizer_manager = manager
+            self.client.add_prekill_hook(self.stand_down)
+            return result
+
+        return wrapped
+
+    def stand_down(self) -> None:
+        """Pre-kill hook: a child's exit is expected from now on, not a crash."""
+        watchdog = getattr(self.tokenizer_manager, "_subprocess_watchdog", None)
+        if watchdog is not None:
+            watchdog.stop()
+
+    def lifespan(self, inner: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """SGLang's lifespan, with the client started on the serving loop (after uvicorn
+        installed its signal handlers, before the tokenizer manager adds its own at the first
+        request) and the engine stopped in order when uvicorn stops."""
+
+        @asynccontextmanager
+        async def lifespan(app: Any) -> AsyncIterator[None]:
+            async with inner(app):
+                self.client.start()
+                install_graceful_shutdown(self.client)
+                try:
+                    yield
+                finally:
+                    self.client.close()
+                    if self.tokenizer_manager is not None:
+                        await stop_engine(self.tokenizer_manager)
+
+        return lifespan
+
+    def middleware(self, app: Any) -> Any:
+        return HandBack(app, self)
+
+
+class HandBack:
+    """ASGI middleware: each generation request tracked, handed back when a drain starts."""
+
+    def __init__(self, app: Any, drainable: Drainable) -> None:
+        self.app = app
+        self.drainable = drainable
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if (scope["type"] != "http" or scope["method"] != "POST"
+                or scope["path"] not in TRACKED_PATHS):
+            await self.app(scope, receive, send)
+            return
+        body = await _read_body(receive)
+        try:
+            request = json.loads(body)
+        except ValueError:
+            request = None
+        if not isinstance(request, dict) or not isinstance(request.get("rid", ""), str):
+            # Not one request SGLang will stream (its own answer says what is wrong).
+            await self.app(scope, _replay(body, receive), send)
+            return
+        headers = dict(scope.get("headers") or ())
+        rid = request.get("rid") or (headers.get(b"x-request-id", b"").decode("latin-1")
+                                     or f"drainable-{uuid.uuid4().hex}")
+        request["rid"] = rid
+        await self._tracked(scope, receive, send, rid, json.dumps(request).encode())
+
+    async def _tracked(self, scope: dict[str, Any], receive: Any, send: Any, rid: str,
+                       body: bytes) -> None:
+        out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        started = False
+        tokens = 0
+        serving = asyncio.ensure_future(self.app(scope, _replay(body, receive), out.put))
+        try:
+            async with self.drainable.client.track(rid) as req:
+                while True:
+                    message = await req.run(_next(out, serving))
+                    if message["type"] == "http.response.start":
+                        started = True
+                    elif message["type"] == "http.response.body":
+                        tokens += _tokens_in(message.get("body", b""))
+                        req.tokens = tokens
+                    await send(message)
+                    if message["type"] == "http.response.body" and not message.get(
+                            "more_body", False):
+                        break
+            if not req.handed_back:
+                return
+            manager = self.drainable.tokenizer_manager
+            if manager is not None:
+                manager.abort_request(rid=rid)
+            log.info("handed back request %s after %d tokens", rid, tokens)
+            event = handed_back_event(rid, tokens)
+            if started:
+                await send({"type": "http.response.body",
+                            "body": f"data: {json.dumps(event)}\n\n".encode(),
+                            "more_body": False})
+            else:
+                await send({"type": "http.response.start", "status": 503,
+                            "headers": [(b"content-type", b"application/json"),
+                                        (b"retry-after", b"0")]})
+                await send({"type": "http.response.body", "body": json.dumps(event).encode()})
+        finally:
+            if not serving.done():
+                serving.cancel()
+            await asyncio.gather(serving, return_exceptions=True)
+
+
+async def _next(out: asyncio.Queue[dict[str, Any]], serving: asyncio.Future[None]
+                ) -> dict[str, Any]:
+    """The app's next message; its own failure is raised here (it sent nothing more)."""
+    getter = asyncio.ensure_future(out.get())
+    try:
+        await asyncio.wait((getter, serving), return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        getter.cancel()
+        raise
+    if getter.done():
+        return getter.result()
+    getter.cancel()
+    serving.result()  # raises what the app raised
+    raise RuntimeError("the app ended without a complete response")
+
+
+def _tokens_in(chunk: bytes) -> int:
+    """Tokens in a piece of SGLang's SSE stream: the ids it returned, else one per chunk."""
+    count = 0
+    for line in chunk.split(b"\n"):
+        if not line.startswith(b"data: {"):
+            continue
+        try:
+            event = json.loads(line[6:])
+        except ValueError:
+            continue
+        for choice in event.get("choices") or ():
+            ids = choice.get("token_ids")
+            count += len(ids) if isinstance(ids, list) else 1
+    return count
+
+
+async def _read_body(receive: Any) -> bytes:
+    body = bytearray()
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        body += message.get("body", b"")
+        if not message.get("more_body", False):
+            break
+    return bytes(body)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that gives ``body`` once, then the connection's own messages."""
+    sent = False
+
+    async def replayed() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # type: ignore[no-any-return]
+
+    return replayed
+
+
+@contextlib.contextmanager
+def _uvicorn_without_reraise() -> Iterator[None]:
+    """uvicorn re-raises the signal it stopped on once it has served (the process would die
+    of SIGTERM, -15); a drained worker exits 0. SGLang builds its own ``uvicorn.Server``, so
+    the class's ``capture_signals`` is replaced while it serves."""
+    import uvicorn
+
+    original = uvicorn.Server.capture_signals
 
     @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
+    def capture_signals(self: uvicorn.Server) -> Iterator[None]:
         previous = {sig: signal.signal(sig, self.handle_exit)
                     for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
@@ -72,105 +341,64 @@ class Server(uvicorn.Server):
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
-
-def stand_down(engine: Any) -> None:
-    """Pre-kill hook: stop SGLang's child watchdog and ask the schedulers to exit cleanly."""
-    manager = engine.tokenizer_manager
-    watchdog = getattr(manager, "_subprocess_watchdog", None)
-    if watchdog is not None:
-        watchdog.stop()
+    uvicorn.Server.capture_signals = capture_signals  # type: ignore[method-assign]
     try:
-        from sglang.srt.managers.io_struct import ShutdownReq
-
-        manager._dispatch_to_scheduler(ShutdownReq())
-    except Exception:  # an older SGLang without ShutdownReq: the tiers' SIGTERM does it
-        log.exception("could not ask the schedulers to shut down")
+        yield
+    finally:
+        uvicorn.Server.capture_signals = original  # type: ignore[method-assign]
 
 
-def sse(data: dict[str, Any] | str) -> bytes:
-    text = data if isinstance(data, str) else json.dumps(data)
-    return f"data: {text}\n\n".encode()
-
-
-async def generate(
-    engine: Any, client: WorkerClient, rid: str, prompt: str, sampling: dict[str, Any]
-) -> AsyncIterator[bytes]:
-    """One request's SSE stream; ends with ``handed_back`` when a drain interrupts it."""
-    produced, sent = 0, 0
-    async with client.track(rid) as req:
-        chunks = await req.run(engine.async_generate(
-            prompt=prompt, sampling_params=sampling, stream=True, rid=rid))
-        async for out in req.stream(chunks):
-            text: str = out.get("text") or ""
-            meta = out.get("meta_info", {})
-            produced = int(meta.get("completion_tokens", produced))
-            req.tokens = produced
-            finish = meta.get("finish_reason")
-            yield sse({"id": rid, "object": "text_completion", "choices": [
-                {"index": 0, "text": text[sent:],
-                 "finish_reason": finish.get("type") if isinstance(finish, dict) else finish},
-            ]})
-            sent = len(text)
-    if req.handed_back:
-        engine.tokenizer_manager.abort_request(rid=rid)
-        log.info("handed back request %s after %d tokens", rid, produced)
-        yield sse(handed_back_event(rid, produced))
-        return
-    yield sse("[DONE]")
-
-
-def build_app(engine_kwargs: dict[str, Any], client: WorkerClient) -> FastAPI:
-    state: dict[str, Any] = {}
-
-    @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Before the engine's first request: its loop signal handlers are added then, and
-        # must land behind the drain.
-        client.start()
-        install_graceful_shutdown(client)
-        engine = state["engine"] = sglang.Engine(**engine_kwargs)
-        client.add_prekill_hook(lambda: stand_down(engine))
-        try:
-            yield
-        finally:
-            client.close()
-            engine.shutdown()
-
-    app = FastAPI(lifespan=lifespan)
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> StreamingResponse:
-        body = await request.json()
-        rid = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
-        sampling = {"max_new_tokens": int(body.get("max_tokens", 16)),
-                    "temperature": float(body.get("temperature", 0.0)),
-                    "ignore_eos": bool(body.get("ignore_eos", False))}
-        chunks = generate(state["engine"], client, rid, str(body["prompt"]), sampling)
-        return StreamingResponse(chunks, media_type="text/event-stream")
-
-    return app
+def split_argv(argv: list[str]) -> tuple[dict[str, str | None], list[str]]:
+    """This module's own flags, and SGLang's."""
+    own: dict[str, str | None] = {flag: os.environ.get(env) if env else None
+                                  for flag, env in OWN_FLAGS.items()}
+    rest: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        flag, eq, value = arg.partition("=")
+        if flag in OWN_FLAGS:
+            own[flag] = value if eq else next(args, None)
+        else:
+            rest.append(arg)
+    return own, rest
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    parser.add_argument("--model-path", required=True)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=30000)
-    parser.add_argument("--tp-size", type=int, default=1)
-    parser.add_argument("--coordinator", default=os.environ.get("SHUTDOWN_COORDINATOR_URL"))
-    parser.add_argument("--advertise-url", default=None)
-    args = parser.parse_args()
+    from sglang.srt.entrypoints import engine as sglang_engine
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.server_args import prepare_server_args
+
+    own, sglang_argv = split_argv(sys.argv[1:])
+    server_args = prepare_server_args(sglang_argv)
     logging.basicConfig(level=logging.INFO)
+    token = None
+    if own["--coordinator-token-file"]:
+        with open(own["--coordinator-token-file"], encoding="utf-8") as f:
+            token = f.read().strip() or None
+    # The main process first: it stops its own children in order (step 3).
+    tiers = (Tier("sglang-main", pattern=r"drainable_server\.py", include_root=True,
+                  timeout_s=MAIN_TIER_S),)
     client = WorkerClient(
-        args.coordinator, role="sglang", name=f"sglang-{os.getpid()}", tiers=SGLANG_TIERS,
-        url=args.advertise_url or f"http://{args.host}:{args.port}",
+        own["--coordinator"], token=token, role="sglang", name=f"sglang-{os.getpid()}",
+        url=own["--advertise-url"] or f"http://{server_args.host}:{server_args.port}",
+        tiers=tiers,
     )
-    app = build_app({"model_path": args.model_path, "tp_size": args.tp_size}, client)
-    Server(uvicorn.Config(app, host=args.host, port=args.port, log_level="info")).run()
+    drainable = Drainable(client)
+    app = http_server.app
+    app.router.lifespan_context = drainable.lifespan(app.router.lifespan_context)
+    app.add_middleware(drainable.middleware)
+    # Engine._launch_subprocesses starts the DP controller by this module-level name; there
+    # is no launch_server argument for it.
+    sglang_engine.run_data_parallel_controller_process = run_dp_controller_until_sigterm
+    started = time.monotonic()
+    with _uvicorn_without_reraise():
+        http_server.launch_server(
+            server_args,
+            init_tokenizer_manager_func=drainable.init_tokenizer_manager(
+                http_server.init_tokenizer_manager),
+            run_detokenizer_process_func=run_detokenizer_until_sigterm,
+        )
+    log.info("stopped after %.1f s", time.monotonic() - started)
 
 
 if __name__ == "__main__":
