@@ -38,29 +38,20 @@ VLLM_TIERS: list[dict[str, Any]] = [
 ]
 """The API server (the root) goes last and exits 0 once its engine core is gone."""
 
-SGLANG_TIERS: list[dict[str, Any]] = [
-    # A data-parallel controller owns its schedulers (they die with it by PDEATHSIG), so the
-    # schedulers are a tier of their own before it.
-    {"name": "schedulers", "pattern": r"sglang::scheduler", "timeout_s": 30},
-    {"name": "dp-controller", "pattern": r"sglang::data_parallel_controller", "timeout_s": 10},
-    {"name": "detokenizer", "pattern": r"sglang::(detokenizer|tokenizer_worker)",
-     "timeout_s": 10},
-]
-"""Children before the main process. Caveat for an unmodified SGLang: its main process
-watches its children (``SubprocessWatchdog``, every second) and a scheduler has no SIGTERM
-handler, so a SIGTERMed scheduler exits -15, the watchdog SIGQUITs the main process and that
-SIGKILLs the whole tree. A modified SGLang stands the watchdog down and asks its schedulers to
-release their resources and exit in a pre-kill hook (deploy/examples/sglang), which these
-tiers then find exiting or gone. See docs/engines.md."""
-
 SGLANG_ROOT_FIRST_TIERS: list[dict[str, Any]] = [
-    {"name": "main", "pattern": r"sglang\.launch_server", "timeout_s": 30,
+    {"name": "main", "pattern": r"sglang\.launch_server", "timeout_s": 3600,
      "include_root": True},
 ]
-"""For an unmodified SGLang adopted by pattern: SIGTERM its main process first; its own
-``graceful_kill_process_tree`` stops the children, so its watchdog never sees one die."""
+"""SGLang, unmodified: SIGTERM its main process first and alone, bounded by the drain's
+deadline only (the timeout is never reached). SGLang 0.5.23's own SIGTERM path waits for its
+requests, sends its schedulers ShutdownReq (they exit 0) and SIGKILLs the detokenizer and the
+resource tracker (kill_process_tree), so its watchdog never sees a child die. Children first
+would not do: a scheduler has no SIGTERM handler, exits -15, and the main process's
+SubprocessWatchdog SIGQUITs it into SIGKILLing the whole tree (docs/engines.md, measured on
+the real engine)."""
 
-ENGINE_TIERS: dict[str, list[dict[str, Any]]] = {"vllm": VLLM_TIERS, "sglang": SGLANG_TIERS}
+ENGINE_TIERS: dict[str, list[dict[str, Any]]] = {
+    "vllm": VLLM_TIERS, "sglang": SGLANG_ROOT_FIRST_TIERS}
 
 ADOPT_TIERS: dict[str, list[dict[str, Any]]] = {
     "vllm": VLLM_TIERS, "sglang": SGLANG_ROOT_FIRST_TIERS}
