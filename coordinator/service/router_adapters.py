@@ -78,7 +78,12 @@ joins its routers at most 0.25 s after it first answers 200 (a cap of 2 s let a 
 engine wait up to 2 s for its traffic, once per pod in a rolling update). A loading engine
 pays a refused connection, or a 503, each time."""
 ATTEMPT_TIMEOUT_S = 1.0
-"""One attempt at most (vllm-router's ``add_worker`` checks the worker's health first)."""
+"""One attempt of a removal at most (the drain waits on it)."""
+ADD_ATTEMPT_TIMEOUT_S = 10.0
+"""One attempt of a join or a restore at most, the engine's health check before it included:
+vllm-router's ``add_worker`` checks the worker's ``/health`` first, and SGLang's ``/health``
+runs a one-token generation (1.1 s measured on a loaded node, where 1 s attempts never
+joined). No drain waits on these."""
 FIRST_WAIT_S = 0.02
 MAX_WAIT_S = 0.5
 """Backoff between attempts: 20 ms doubling up to 500 ms."""
@@ -368,7 +373,8 @@ class RouterAdapters:
                 async for attempt in retrying(deadline, self._clock, self._sleep, max_wait):
                     with attempt:
                         state.attempts += 1
-                        attempt_s = max(0.001, min(ATTEMPT_TIMEOUT_S, deadline - self._clock()))
+                        cap = ATTEMPT_TIMEOUT_S if action == "remove" else ADD_ATTEMPT_TIMEOUT_S
+                        attempt_s = max(0.001, min(cap, deadline - self._clock()))
                         note = await self._attempt(adapter, action, http, attempt_s)
             self._ended(state, _DONE[action], started, note=note)
         except asyncio.CancelledError:
