@@ -18,7 +18,9 @@ offers, and one ASGI middleware:
    starts, the request is aborted in the engine (``TokenizerManager.abort_request``: the
    scheduler frees its KV cache) and the stream ends with a ``handed_back`` event instead of
    ``[DONE]`` (before its first byte: a 503 with that event), so the router or the
-   continuation proxy continues it on another worker;
+   continuation proxy continues it on another worker. The event's ``tokens`` are the
+   engine's own count (``meta_info.completion_tokens``) of what the relayed chunks carried:
+   a chunk may carry several tokens, and a chat chunk carries no ids to count;
 3. SGLang's own SIGTERM path is not used: it SIGKILLs the detokenizer and the multiprocessing
    resource tracker at every shutdown (``sigterm_watchdog`` → ``kill_process_tree`` in
    ``managers/tokenizer_manager.py``). The tokenizer manager's ``signal_handler_class`` is
@@ -147,6 +149,9 @@ class Drainable:
     def __init__(self, client: WorkerClient) -> None:
         self.client = client
         self.tokenizer_manager: Any = None
+        self.completion_tokens: dict[str, int] = {}
+        """rid → the engine's completion tokens in the last output it handed the serving
+        layer (``count_tokens``): what the chunk that layer sends next carries."""
 
     def init_tokenizer_manager(self, init: Callable[..., Any]) -> Callable[..., Any]:
         """``launch_server``'s ``init_tokenizer_manager_func``: SGLang's, and then its
@@ -161,11 +166,26 @@ class Drainable:
             result = init(*args, **kwargs)
             manager = result[0] if isinstance(result, tuple) else result
             manager.signal_handler_class = LeaveSigtermToUvicorn
+            manager.generate_request = self.count_tokens(manager.generate_request)
             self.tokenizer_manager = manager
             self.client.add_prekill_hook(self.stand_down)
             return result
 
         return wrapped
+
+    def count_tokens(self, generate_request: Callable[..., Any]) -> Callable[..., Any]:
+        """The tokenizer manager's ``generate_request``, noting each output's completion
+        tokens under its rid before the serving layer turns it into a chunk."""
+
+        async def counted(*args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            async for out in generate_request(*args, **kwargs):
+                meta = out.get("meta_info") if isinstance(out, dict) else None
+                if isinstance(meta, dict) and isinstance(meta.get("id"), str):
+                    self.completion_tokens[meta["id"]] = int(
+                        meta.get("completion_tokens") or 0)
+                yield out
+
+        return counted
 
     def stand_down(self) -> None:
         """Pre-kill hook: a child's exit is expected from now on, not a crash."""
@@ -225,18 +245,24 @@ class HandBack:
 
     async def _tracked(self, scope: dict[str, Any], receive: Any, send: Any, rid: str,
                        body: bytes) -> None:
-        out: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        out: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
+        counts = self.drainable.completion_tokens
+
+        async def queue(message: dict[str, Any]) -> None:
+            # Each message with the engine's count when the serving layer made it.
+            await out.put((message, counts.get(rid, 0)))
+
         started = False
         tokens = 0
-        serving = asyncio.ensure_future(self.app(scope, _replay(body, receive), out.put))
+        serving = asyncio.ensure_future(self.app(scope, _replay(body, receive), queue))
         try:
             async with self.drainable.client.track(rid) as req:
                 while True:
-                    message = await req.run(_next(out, serving))
+                    message, made_at = await req.run(_next(out, serving))
                     if message["type"] == "http.response.start":
                         started = True
                     elif message["type"] == "http.response.body":
-                        tokens += _tokens_in(message.get("body", b""))
+                        tokens = max(tokens, made_at)
                         req.tokens = tokens
                     await send(message)
                     if message["type"] == "http.response.body" and not message.get(
@@ -262,10 +288,11 @@ class HandBack:
             if not serving.done():
                 serving.cancel()
             await asyncio.gather(serving, return_exceptions=True)
+            counts.pop(rid, None)
 
 
-async def _next(out: asyncio.Queue[dict[str, Any]], serving: asyncio.Future[None]
-                ) -> dict[str, Any]:
+async def _next(out: asyncio.Queue[tuple[dict[str, Any], int]], serving: asyncio.Future[None]
+                ) -> tuple[dict[str, Any], int]:
     """The app's next message; its own failure is raised here (it sent nothing more)."""
     getter = asyncio.ensure_future(out.get())
     try:
@@ -278,22 +305,6 @@ async def _next(out: asyncio.Queue[dict[str, Any]], serving: asyncio.Future[None
     getter.cancel()
     serving.result()  # raises what the app raised
     raise RuntimeError("the app ended without a complete response")
-
-
-def _tokens_in(chunk: bytes) -> int:
-    """Tokens in a piece of SGLang's SSE stream: the ids it returned, else one per chunk."""
-    count = 0
-    for line in chunk.split(b"\n"):
-        if not line.startswith(b"data: {"):
-            continue
-        try:
-            event = json.loads(line[6:])
-        except ValueError:
-            continue
-        for choice in event.get("choices") or ():
-            ids = choice.get("token_ids")
-            count += len(ids) if isinstance(ids, list) else 1
-    return count
 
 
 async def _read_body(receive: Any) -> bytes:
