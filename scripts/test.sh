@@ -12,13 +12,15 @@ fi
 .venv/bin/python -m pip install -q -e '.[test]'
 
 # The core tests drive a headless Chromium (the drain timeline page, tests/timeline) and
-# promtool (the alert rules, tests/observability): Debian's packages chromium and prometheus,
-# installed here where missing (CI is a clean Debian, as root; apt-get update only when the
+# promtool (the alert rules, tests/observability), and the SGLang engine tests read each
+# process's end with strace: Debian's packages chromium, prometheus and strace, installed here
+# where missing (CI is a clean Debian, as root; apt-get update only when the
 # install fails without it). Without root or apt-get those tests are skipped, as they say.
 install_test_tools() {
     local missing=()
     [ -x /usr/bin/chromium ] || missing+=(chromium)
     command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || missing+=(prometheus)
+    command -v strace >/dev/null 2>&1 || missing+=(strace)
     [ "${#missing[@]}" -eq 0 ] && return 0
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         echo "not installed: ${missing[*]} (their tests are skipped; apt-get install ${missing[*]})"
@@ -166,8 +168,8 @@ echo "== chaos soak (short)"
 # stubborn and daemonizing children, joined calls, hostile requests) under streaming load,
 # each checked against ground truth; non-zero when any was not (bench/soak.py).
 .venv/bin/python -m bench.soak --drains 50 --max-seconds 170 --quiet
-echo "== real-engine integration tests (vLLM on the CPU, Dynamo frontend + workers, smg and"
-echo "   vllm-router in front of simulated engines, a rolling update behind smg)"
+echo "== real-engine integration tests (vLLM and SGLang on the CPU, Dynamo frontend + workers,"
+echo "   smg and vllm-router in front of simulated engines, a rolling update behind smg)"
 if ! wait "$engines_install"; then
     cat .engines/install.log
     echo "installing the engines failed"

@@ -86,9 +86,11 @@ Coordinator = Running
 """The coordinator process an engine test owns (started by ``start_coordinator``)."""
 
 
-def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str) -> Coordinator:
-    """Start the coordinator (from .venv) on a free loopback port and wait for ``/healthz``."""
-    return start_service(janitor, tmp, *args)
+def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str,
+                      source: Path = ROOT) -> Coordinator:
+    """Start the coordinator (from .venv; ``source``: the checkout whose package runs) on a
+    free loopback port and wait for ``/healthz``."""
+    return start_service(janitor, tmp, *args, source=source)
 
 
 @dataclass

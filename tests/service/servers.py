@@ -43,11 +43,12 @@ class Running:
 
 
 def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str, token: str | None = None,
-                      name: str = "coordinator") -> Running:
+                      name: str = "coordinator", source: Path = ROOT) -> Running:
     """Start ``serve --port 0`` with ``args`` and wait until it answers ``/healthz``.
 
     A service of the janitor: one the test leaves running gets SIGTERM at the end and must
-    exit 0 (after removing its doorbell pipe) within the janitor's bound."""
+    exit 0 (after removing its doorbell pipe) within the janitor's bound. ``source``: the
+    checkout whose ``coordinator`` package runs (a benchmark's "before")."""
     port_file = tmp / f"{name}.port.json"
     port_file.unlink(missing_ok=True)
     extra: list[str] = []
@@ -60,7 +61,7 @@ def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str, token: str
     proc = janitor.spawn_python(
         ["-m", "coordinator", "serve", "--port", "0", "--port-file", str(port_file),
          "--log-level", "warning", *extra, *args],
-        cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, service=True)
+        cwd=source, stdout=handle, stderr=subprocess.STDOUT, service=True)
     handle.close()
 
     def ready() -> str | None:

@@ -1,0 +1,158 @@
+"""The real SGLang (0.5.23, on the CPU) adopted by a coordinator with the ``sglang`` profile,
+drained as the kubelet's preStop hook does it, every process's end read from strace.
+
+What the summary says is held against what happened: each process's exit code or signal as
+the kernel told strace, who sent the signals that killed (SGLang's own ``kill`` calls are
+traced; a SIGKILL no traced process sent came from outside its tree), the stream as the client
+received it (token ids, ``[DONE]``), and SGLang's own log.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.engines import strace_record
+from tests.engines.sglang_stack import (
+    Sglang,
+    Trace,
+    completion_body,
+    start_sglang,
+    start_stream,
+    trace_tree,
+)
+from tests.engines.stack import Coordinator, alive, pattern_for, start_coordinator
+from tests.engines.tiny_model import prompt
+from tests.support.processes import ProcessJanitor, wait_for
+
+pytestmark = [
+    pytest.mark.engine, pytest.mark.timeout(900),
+    pytest.mark.skipif(not strace_record.available(), reason="strace is not installed"),
+]
+
+FITS = 200
+"""Tokens of a stream that ends well inside a 30 s grace period (about 2-4 s here)."""
+DOES_NOT_FIT = 8000
+"""Tokens of a stream no 20 s grace period holds (over a minute here)."""
+
+
+def adopt(janitor: ProcessJanitor, tmp: Path, model: Path, sglang: Sglang, trace: Trace,
+          grace_s: int) -> Coordinator:
+    """A coordinator with SGLang's profile, adopting this SGLang alone (its model path in the
+    pattern: other SGLangs on the machine are not its business)."""
+    coordinator = start_coordinator(
+        janitor, tmp, "--engine", "sglang", "--grace-period", str(grace_s),
+        "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(model)}",
+        "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5")
+    wait_for(lambda: set(trace.names) <= {p["pid"] for p in coordinator.status()["processes"]},
+             timeout=60, what="the coordinator lists the whole SGLang tree")
+    return coordinator
+
+
+def drain(coordinator: Coordinator, tmp: Path, name: str) -> dict[str, Any]:
+    with coordinator.client(timeout=240) as client:
+        summary: dict[str, Any] = client.get("/drain").json()
+    (tmp / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def by_title(trace: Trace, marker: str) -> int:
+    return next(pid for pid, name in trace.names.items() if marker in name)
+
+
+def test_a_stream_that_fits_ends_whole_and_the_main_process_exits_0(
+    janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
+) -> None:
+    """1. start SGLang (main, resource_tracker, scheduler, detokenizer) and trace every process;
+    2. a coordinator with ``--engine sglang`` and a 30 s grace period adopts it;
+    3. a 200-token stream is in flight; GET /drain (the kubelet's preStop hook);
+    4. the stream ends whole ([DONE], every token) and the main process exits 0 (its wait
+       status, as its container records it), after the coordinator's SIGTERM (strace: it
+       received SIGTERM from outside its tree), and no process got SIGKILL from the
+       coordinator: every SIGKILL strace saw was sent by SGLang's main process itself;
+    5. the summary agrees with those records process by process, and says whose SIGKILL the
+       detokenizer's and the resource tracker's were (SGLang's own, with the fix named):
+       the drain is not graceful, and no request was lost."""
+    sglang = start_sglang(janitor, tmp_path, tiny_model)
+    trace = trace_tree(janitor, tmp_path, sglang.proc.pid, "sglang")
+    main = sglang.proc.pid
+    coordinator = adopt(janitor, tmp_path, tiny_model, sglang, trace, 30)
+    stream = start_stream(sglang.url + "/v1/completions",
+                          completion_body(sglang.model, prompt(6), FITS))
+    assert stream.started.wait(timeout=300)
+
+    summary = drain(coordinator, tmp_path, "fits")
+
+    assert sglang.proc.wait(timeout=60) == 0
+    assert stream.ended.wait(timeout=60)
+    assert stream.whole, stream.error
+    assert len(stream.tokens) == FITS
+    record = trace.record()
+    assert record.ends[main].exit_code == 0
+    assert [r.signal for r in record.ends[main].received] == ["SIGTERM"]
+    killed = {pid: end for pid, end in record.ends.items() if end.killed_by == "SIGKILL"}
+    assert killed, "SGLang 0.5.23 SIGKILLs its detokenizer at every shutdown"
+    for pid in killed:
+        assert record.senders_of(pid, "SIGKILL") == [main], (pid, record.sent)
+    processes = {p["pid"]: p for p in summary["processes"]}
+    assert set(trace.names) <= set(processes)
+    for pid in trace.names:
+        assert processes[pid]["exit_code"] == record.ends[pid].wait_status, processes[pid]
+        assert processes[pid]["killed_at"] is None, processes[pid]
+    assert processes[main]["fate"] == "exited"
+    assert processes[main]["tier"] == "sglang-root"
+    detokenizer = by_title(trace, "sglang::detokenizer")
+    assert detokenizer in killed
+    assert summary["outcome"] == "signalled"
+    assert summary["drain"]["lost_requests"] == 0
+    assert summary["drain"]["cut_requests"] == 0
+    causes = " ".join(summary["drain"]["causes"])
+    assert "SIGKILLed by its own engine, not by the coordinator" in causes
+    assert "drainable integration" in causes
+    assert alive(list(trace.names)) == []
+
+
+def test_a_stream_that_does_not_fit_is_cut_and_counted(
+    janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
+) -> None:
+    """1. as above with a 20 s grace period and an 8000-token stream (longer than the budget);
+    2. GET /drain: the probe holds the migration window while SGLang counts the stream, then
+       the main process gets SIGTERM and serves the stream on (its SIGTERM drain has no
+       bound) until the coordinator's SIGKILL at the deadline, not before it: the SIGKILL is
+       planned for the drain's deadline less the kill's confirmation time;
+    3. ground truth: the client's stream ended without [DONE] and short of its tokens; strace
+       saw the main process die of a SIGKILL that no process of its tree sent;
+    4. the summary counts the cut request (``cut_requests`` 1, in ``lost_requests``), its
+       outcome is ``killed`` and its causes say a request was cut."""
+    sglang = start_sglang(janitor, tmp_path, tiny_model)
+    trace = trace_tree(janitor, tmp_path, sglang.proc.pid, "sglang")
+    main = sglang.proc.pid
+    coordinator = adopt(janitor, tmp_path, tiny_model, sglang, trace, 20)
+    stream = start_stream(sglang.url + "/v1/completions",
+                          completion_body(sglang.model, prompt(6), DOES_NOT_FIT))
+    assert stream.started.wait(timeout=300)
+
+    summary = drain(coordinator, tmp_path, "cut")
+
+    assert sglang.proc.wait(timeout=60) == -9
+    assert stream.ended.wait(timeout=60)
+    assert not stream.done
+    assert len(stream.tokens) < DOES_NOT_FIT
+    record = trace.record()
+    assert record.ends[main].killed_by == "SIGKILL"
+    assert record.senders_of(main, "SIGKILL") == []
+    processes = {p["pid"]: p for p in summary["processes"]}
+    root = processes[main]
+    assert root["fate"] == "killed"
+    assert root["signal"] == "SIGTERM"
+    confirm_s = 2.0
+    assert root["kill_at"] >= summary["drain"]["deadline_at"] - confirm_s - 0.5, (
+        root, summary["drain"])
+    assert summary["drain"]["cut_requests"] == 1
+    assert summary["drain"]["lost_requests"] >= 1
+    assert summary["outcome"] == "killed"
+    assert any("cut by the kill" in cause for cause in summary["drain"]["causes"])
+    assert alive(list(trace.names)) == []
