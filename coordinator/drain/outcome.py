@@ -215,8 +215,9 @@ def _signal_finding(
                                "SIGKILLed (exit -9), so its exit-time cleanup did not run")
         # Never sent by the coordinator: its engine's own kill (or PDEATHSIG of its parent).
         fix = f" ({_clause(engine_kills)})" if engine_kills else ""
-        return SIGNALLED, (f"was SIGKILLed by its own engine, not by the coordinator (exit -9"
-                           f"{container}), so its exit-time cleanup did not run{fix}")
+        return SIGNALLED, (f"died of a SIGKILL sent by the engine itself, not by the "
+                           f"coordinator (exit -9{container}), so no exit-time cleanup ran"
+                           f"{fix}")
     sent = p.signal
     graceful = died == sent if sent else died in graceful_signals
     if graceful:

@@ -104,7 +104,7 @@ def test_the_overlay_drains_its_engine_shape_whole(janitor: ProcessJanitor, tmp_
         # The hook reports the drain as not graceful (its exit code says so).
         assert summary["outcome"] == "signalled", summary.get("drain")
         (cause,) = summary["drain"]["causes"]
-        assert "SIGKILLed by its own engine, not by the coordinator" in cause
+        assert "a SIGKILL sent by the engine itself, not by the coordinator" in cause
         assert "drainable integration" in cause
     else:
         assert hook_code == 0, kubelet.output

@@ -58,17 +58,17 @@ RULES: list[tuple[str, list[ProcessOutcome], dict[str, Any], str, tuple[str, ...
      "killed", ("force drain",)),
     ("root's own SIGKILL (kill_process_tree include_parent)",
      [root(name="sglang", exit_code=-9)], {}, "signalled",
-     ("Main process sglang", "SIGKILLed by its own engine, not by the coordinator (exit -9; "
-      "its container reports 137)")),
+     ("Main process sglang", "a SIGKILL sent by the engine itself, not by the coordinator "
+      "(exit -9; its container reports 137)")),
     ("child SIGSEGV", [proc(exit_code=-11)], {}, "signalled", ("died of SIGSEGV (exit -11)",)),
     ("child SIGABRT", [proc(exit_code=-6)], {}, "signalled", ("SIGABRT",)),
     ("PDEATHSIG child", [proc(signal=None, exit_code=-9), root()], {}, "signalled",
-     ("was SIGKILLed by its own engine, not by the coordinator",)),
+     ("died of a SIGKILL sent by the engine itself, not by the coordinator",)),
     ("the engine's own SIGKILL, as its profile tells it",
      [proc(name="sglang::detokenizer", signal=None, exit_code=-9), root()],
      {"engine_kills": "SGLang kills it at every shutdown; the drainable integration ends it "
                       "cleanly."},
-     "signalled", ("Process sglang::detokenizer", "by its own engine, not by the coordinator",
+     "signalled", ("Process sglang::detokenizer", "sent by the engine itself, not by the coordinator",
                    "(SGLang kills it at every shutdown; the drainable integration ends it "
                    "cleanly)")),
     ("a stream the kill cut", [root()], {"lost_requests": 1, "cut_requests": 1},

@@ -110,7 +110,7 @@ def test_a_stream_that_fits_ends_whole_and_the_main_process_exits_0(
     assert summary["drain"]["lost_requests"] == 0
     assert summary["drain"]["cut_requests"] == 0
     causes = " ".join(summary["drain"]["causes"])
-    assert "SIGKILLed by its own engine, not by the coordinator" in causes
+    assert "a SIGKILL sent by the engine itself, not by the coordinator" in causes
     assert "drainable integration" in causes
     assert alive(list(trace.names)) == []
 
