@@ -40,6 +40,13 @@ much before calling it ``survived``."""
 LISTED_POLL_S = 0.05
 """How often a listed process that outlived its root is looked at again."""
 
+ORPHAN_GRACE_S = 1.0
+"""When no time is left for a tier's graceful signal, how long its processes whose main
+process this kill SIGKILLed get to die with it first (``PR_SET_PDEATHSIG``: SGLang's and
+vLLM's children), so a death the main process's end caused is not reported as a SIGKILL of
+the coordinator's. The real SGLang's scheduler and detokenizer were still exiting 0.5 s after
+their main process's SIGKILL on a loaded machine. Cut to the deadline."""
+
 MAX_SWEEPS_PAST_DEADLINE = 3
 """Past the deadline, new forks are SIGKILLed for at most this many more sweeps, so a fork
 loop cannot keep the kill running forever."""
@@ -152,6 +159,8 @@ class KillRun:
         (``tiers.last_tier_reserve_s``)."""
         self._kept_s = 0.0
         """What the tiers after the current one keep (cuts its SIGKILL confirmation too)."""
+        self._killed_roots: set[int] = set()
+        """Roots this kill SIGKILLed: their ``PR_SET_PDEATHSIG`` children die with them."""
 
     def escalate(self) -> None:
         """Switch to force mode now: what is waited on and everything after gets SIGKILL."""
@@ -273,6 +282,12 @@ class KillRun:
             left_s=self.deadline_at - self.reserve_s - now, later_timeouts=later_timeouts,
             last_reserve_s=last_reserve_s)
         if wait_s <= 0:
+            orphaned = {t.outcome.pid for t in members
+                        if t.outcome.root_pid in self._killed_roots and not t.exited}
+            if orphaned:  # they may be dying with their main process already
+                grace = min(ORPHAN_GRACE_S, self.deadline_at - time.monotonic())
+                await self.watcher.wait(orphaned, max(0.0, grace))
+                members = [t for t in members if not t.exited]
             await self._kill(members, tier.name, "no time left for a graceful exit")
             return
         # Step 5: signal, then wait on exit events until the SIGKILL time each process was
@@ -320,6 +335,8 @@ class KillRun:
                     whys: dict[int, str] | None = None) -> None:
         for t in members:
             self.table.sigkill(t, tier, (whys or {}).get(t.outcome.pid, why))
+            if t.outcome.pid in self.table.targets:
+                self._killed_roots.add(t.outcome.pid)
         confirm_s = tiers.confirm_wait_s(
             now=time.monotonic(), deadline_at=self.deadline_at, confirm_s=self.policy.confirm_s,
             kept_s=self._kept_s,

@@ -21,6 +21,7 @@ from coordinator.kill import (
     terminate,
 )
 from coordinator.kill.engine import KillRun
+from coordinator.kill.policy import TierSpec
 from tests.kill.helpers import alive, start_time, start_tree
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -119,6 +120,34 @@ async def test_a_deadline_shorter_than_the_tier_timeout_cuts_the_wait(
     assert (root.fate, root.signal, root.killed_at) == (Fate.EXITED, "SIGTERM", None), root
     assert tree.root.wait(timeout=30) == 0
     assert sorted(tree.markers()) == [tree.pid]
+    assert all(not alive(p) for p in tree.pids())
+
+
+async def test_children_of_a_root_sigkilled_at_the_deadline_die_with_it_not_by_our_sigkill(
+    janitor: ProcessJanitor, tmp_path: Path
+) -> None:
+    """SGLang's shape at the end of a budget: the main process first and alone
+    (``include_root``), ignoring SIGTERM (serving a stream on), its children with
+    ``PR_SET_PDEATHSIG``.
+
+    1. terminate with a 3 s deadline: the root is SIGKILLed at the deadline less the reserve;
+    2. no time is left for its children's tier: they get a moment to die with it first;
+    3. they died of SIGKILL (their exit status) that we never sent (``killed_at`` None, fate
+       ``exited``), so the outcome can say they died with their main process."""
+    spec = {"ignore_term": True, "children": [
+        {"role": "scheduler", "pdeathsig": True, "ignore_term": True},
+        {"role": "detokenizer", "pdeathsig": True, "ignore_term": True}]}
+    tree = start_tree(janitor, spec, tmp_path)
+    root_first = TierSpec(name="main", roles=("worker",), include_root=True, timeout_s=300)
+    report = await terminate([Target(tree.pid, tiers=(root_first,))],
+                             KillPolicy(tier_timeout_s=10, deadline_s=3))
+    outcomes = by_pid(report.processes)
+    root = outcomes[tree.pid]
+    assert (root.fate, root.tier, root.signal) == (Fate.KILLED, "main", "SIGTERM"), root
+    for pid in tree.pids("scheduler") + tree.pids("detokenizer"):
+        child = outcomes[pid]
+        assert (child.fate, child.killed_at, child.signal) == (Fate.EXITED, None, None), child
+        assert child.exit_code in (-9, None), child
     assert all(not alive(p) for p in tree.pids())
 
 
