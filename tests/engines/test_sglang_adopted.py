@@ -123,16 +123,26 @@ def test_a_stream_that_does_not_fit_is_cut_and_counted(
     """1. as above with a 20 s grace period and an 8000-token stream (longer than the budget);
     2. GET /drain: the probe holds the migration window while SGLang counts the stream, then
        the main process gets SIGTERM and serves the stream on (its SIGTERM drain has no
-       bound) until the coordinator's SIGKILL at the deadline, not before it: the SIGKILL is
-       planned for the drain's deadline less the kill's confirmation time;
-    3. ground truth: the client's stream ended without [DONE] and short of its tokens; strace
-       saw the main process die of a SIGKILL that no process of its tree sent;
+       bound) until the coordinator's SIGKILL, not before the drain's deadline less the
+       kill's confirmation reserve;
+    3. ground truth: the main process's wait status is -9 (its container says 137), SGLang's
+       own log has no kill_process_tree (the SIGKILL was not its own), the client's stream
+       ended without [DONE] and short of its tokens, and nothing of the tree is left;
     4. the summary counts the cut request (``cut_requests`` 1, in ``lost_requests``), its
-       outcome is ``killed`` and its causes say a request was cut."""
+       outcome is ``killed`` and its causes say a request was cut.
+
+    Not traced: a SIGKILLed process that strace holds ends only as fast as strace reaps its
+    many threads, seconds on a loaded machine, which would make the kill's confirmation,
+    not SGLang, the subject."""
     sglang = start_sglang(janitor, tmp_path, tiny_model)
-    trace = trace_tree(janitor, tmp_path, sglang.proc.pid, "sglang")
     main = sglang.proc.pid
-    coordinator = adopt(janitor, tmp_path, tiny_model, sglang, trace, 20)
+    names = sglang.names()
+    coordinator = start_coordinator(
+        janitor, tmp_path, "--engine", "sglang", "--grace-period", "20",
+        "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(tiny_model)}",
+        "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5")
+    wait_for(lambda: set(names) <= {p["pid"] for p in coordinator.status()["processes"]},
+             timeout=60, what="the coordinator lists the whole SGLang tree")
     stream = start_stream(sglang.url + "/v1/completions",
                           completion_body(sglang.model, prompt(6), DOES_NOT_FIT))
     assert stream.started.wait(timeout=300)
@@ -143,9 +153,7 @@ def test_a_stream_that_does_not_fit_is_cut_and_counted(
     assert stream.ended.wait(timeout=60)
     assert not stream.done
     assert len(stream.tokens) < DOES_NOT_FIT
-    record = trace.record()
-    assert record.ends[main].killed_by == "SIGKILL"
-    assert record.senders_of(main, "SIGKILL") == []
+    assert "kill_process_tree called" not in sglang.log.read_text(errors="replace")
     processes = {p["pid"]: p for p in summary["processes"]}
     root = processes[main]
     assert root["fate"] == "killed"
@@ -157,4 +165,4 @@ def test_a_stream_that_does_not_fit_is_cut_and_counted(
     assert summary["drain"]["lost_requests"] >= 1
     assert summary["outcome"] == "killed"
     assert any("cut by the kill" in cause for cause in summary["drain"]["causes"])
-    assert alive(list(trace.names)) == []
+    wait_for(lambda: alive(list(names)) == [], timeout=60, what="the tree gone")
