@@ -31,8 +31,9 @@ offers, and one ASGI middleware:
    their resources and exit 0), then SIGTERM to the detokenizer (and the data-parallel
    controller), which this module gives a handler that leaves its endless loop and exits 0
    (``run_detokenizer_until_sigterm``, passed to ``launch_server`` as
-   ``run_detokenizer_process_func``; ``run_dp_controller_until_sigterm`` likewise). The
-   main process then exits 0, and the resource tracker, whose pipe it held, exits 0 after it;
+   ``run_detokenizer_process_func``; ``run_dp_controller_until_sigterm`` likewise; their
+   receive waits 100 ms at a time, so a SIGTERM also ends a wait). The main process then
+   exits 0, and the resource tracker, whose pipe it held, exits 0 after it;
 4. a pre-kill hook stands the child watchdog down before the coordinator's kill begins.
 
 What it does not change: SGLang's files, its scheduler, its SIGQUIT crash path.
@@ -49,6 +50,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -77,29 +79,65 @@ OWN_FLAGS = {"--coordinator": "SHUTDOWN_COORDINATOR_URL",
 # --- the engine's children: a SIGTERM that ends them cleanly -------------------------------
 
 
+RECEIVE_POLL_MS = 100
+"""How often a detokenizer or DP controller waiting for a message looks whether its SIGTERM
+came (``_receive_until_stopped``)."""
+
+_stopping = threading.Event()
+
+
 def _leave(signum: int, frame: Any) -> None:
-    # The loop of these processes has no way out but a signal: leave it as a clean exit, so
-    # multiprocessing's bootstrap runs its exit handlers and the process exits 0.
+    # The loops of these processes have no way out but a signal: leave them as a clean exit,
+    # so multiprocessing's bootstrap runs its exit handlers and the process exits 0. Raised
+    # here when Python code runs (the DP controller's loop polls); noted for the receive
+    # below when the main thread waits in zmq.
+    _stopping.set()
     raise SystemExit(0)
+
+
+def _receive_until_stopped(receive: Callable[..., Any]) -> Callable[..., Any]:
+    """SGLang's ``sock_recv``, waiting at most ``RECEIVE_POLL_MS`` at a time and leaving once
+    the SIGTERM came. Measured: a SIGTERM that interrupted the detokenizer's blocking zmq
+    receive did not end it (pyzmq 27 goes back to waiting; no exit in 10 s), so the wait
+    itself must end."""
+    import zmq  # type: ignore[import-not-found]  # SGLang's; only in the engine's environment
+
+    def ready(socket: Any) -> bool:
+        try:
+            return bool(socket.poll(RECEIVE_POLL_MS, zmq.POLLIN))
+        except zmq.error.InterruptedSystemCall:  # the signal: look at the flag
+            return False
+
+    def receive_until_stopped(socket: Any, flags: int = 0) -> Any:
+        if not flags & zmq.NOBLOCK:
+            while not ready(socket):
+                if _stopping.is_set():
+                    raise SystemExit(0)
+        if _stopping.is_set():
+            raise SystemExit(0)
+        return receive(socket, flags)
+
+    return receive_until_stopped
 
 
 def run_detokenizer_until_sigterm(*args: Any, **kwargs: Any) -> None:
     """SGLang's detokenizer process, which leaves its loop and exits 0 on SIGTERM."""
-    from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+    from sglang.srt.managers import detokenizer_manager
 
     signal.signal(signal.SIGTERM, _leave)
-    run_detokenizer_process(*args, **kwargs)
+    detokenizer_manager.sock_recv = _receive_until_stopped(detokenizer_manager.sock_recv)
+    detokenizer_manager.run_detokenizer_process(*args, **kwargs)
 
 
 def run_dp_controller_until_sigterm(*args: Any, **kwargs: Any) -> None:
     """SGLang's data-parallel controller, which exits 0 on SIGTERM (its schedulers, its own
     children, have left after ``ShutdownReq`` by then)."""
-    from sglang.srt.managers.data_parallel_controller import (
-        run_data_parallel_controller_process,
-    )
+    from sglang.srt.managers import data_parallel_controller
 
     signal.signal(signal.SIGTERM, _leave)
-    run_data_parallel_controller_process(*args, **kwargs)
+    data_parallel_controller.sock_recv = _receive_until_stopped(
+        data_parallel_controller.sock_recv)
+    data_parallel_controller.run_data_parallel_controller_process(*args, **kwargs)
 
 
 # --- the main process ----------------------------------------------------------------------
