@@ -92,7 +92,11 @@ def test_a_stream_that_fits_ends_whole_and_the_main_process_exits_0(
     assert len(stream.tokens) == FITS
     record = trace.record()
     assert record.ends[main].exit_code == 0
-    assert [r.signal for r in record.ends[main].received] == ["SIGTERM"]
+    # One SIGTERM, from outside the tree (the coordinator); SGLang may also raise SIGPIPE in
+    # itself as it closes its pipes.
+    terms = [r for r in record.ends[main].received if r.signal == "SIGTERM"]
+    assert len(terms) == 1, record.ends[main]
+    assert terms[0].sender not in trace.names, terms
     # Processes only (strace also reports each thread's end under its own id).
     killed = {pid: record.ends[pid] for pid in trace.names
               if record.ends[pid].killed_by == "SIGKILL"}
