@@ -68,7 +68,8 @@ RULES: list[tuple[str, list[ProcessOutcome], dict[str, Any], str, tuple[str, ...
      [proc(name="sglang::detokenizer", signal=None, exit_code=-9), root()],
      {"engine_kills": "SGLang kills it at every shutdown; the drainable integration ends it "
                       "cleanly."},
-     "signalled", ("Process sglang::detokenizer", "sent by the engine itself, not by the coordinator",
+     "signalled", ("Process sglang::detokenizer",
+                   "sent by the engine itself, not by the coordinator",
                    "(SGLang kills it at every shutdown; the drainable integration ends it "
                    "cleanly)")),
     ("a stream the kill cut", [root()], {"lost_requests": 1, "cut_requests": 1},
