@@ -88,5 +88,6 @@ def test_hook_drains_an_adopted_engine_through_the_real_coordinator(
     assert hook.returncode == hook_code, out.decode() + running.log.read_text()
     assert "phase=done" in out.decode()
     if main_status != 0:
-        assert f"pid {engine['pid']}) died of SIGKILL" in out.decode()
+        assert f"pid {engine['pid']}) died of a SIGKILL sent by the engine itself" in (
+            out.decode())
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
