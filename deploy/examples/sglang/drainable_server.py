@@ -17,7 +17,8 @@ offers, and one ASGI middleware:
    ``client.track(rid)`` (the middleware gives the request SGLang's ``rid``): when a drain
    starts, the request is aborted in the engine (``TokenizerManager.abort_request``: the
    scheduler frees its KV cache) and the stream ends with a ``handed_back`` event instead of
-   ``[DONE]`` (before its first byte: a 503 with that event), so the router or the
+   ``[DONE]`` (a stream handed back before its first byte is only that event; a request
+   that does not stream gets a 503 with it), so the router or the
    continuation proxy continues it on another worker. The event's ``tokens`` are the
    engine's own count (``meta_info.completion_tokens``) of what the relayed chunks carried:
    a chunk may carry several tokens, and a chat chunk carries no ids to count;
@@ -295,10 +296,11 @@ class HandBack:
         rid = request.get("rid") or (headers.get(b"x-request-id", b"").decode("latin-1")
                                      or f"drainable-{uuid.uuid4().hex}")
         request["rid"] = rid
-        await self._tracked(scope, receive, send, rid, json.dumps(request).encode())
+        await self._tracked(scope, receive, send, rid, json.dumps(request).encode(),
+                            streamed=bool(request.get("stream")))
 
     async def _tracked(self, scope: dict[str, Any], receive: Any, send: Any, rid: str,
-                       body: bytes) -> None:
+                       body: bytes, *, streamed: bool) -> None:
         out: asyncio.Queue[tuple[dict[str, Any], int]] = asyncio.Queue()
         counts = self.drainable.completion_tokens
 
@@ -329,10 +331,15 @@ class HandBack:
                 manager.abort_request(rid=rid)
             log.info("handed back request %s after %d tokens", rid, tokens)
             event = handed_back_event(rid, tokens)
+            line = f"data: {json.dumps(event)}\n\n".encode()
             if started:
-                await send({"type": "http.response.body",
-                            "body": f"data: {json.dumps(event)}\n\n".encode(),
-                            "more_body": False})
+                await send({"type": "http.response.body", "body": line, "more_body": False})
+            elif streamed:
+                # A stream handed back before its first token is still a stream that ends with
+                # the event: routers and the continuation proxy acknowledge it and retry.
+                await send({"type": "http.response.start", "status": 200,
+                            "headers": [(b"content-type", b"text/event-stream")]})
+                await send({"type": "http.response.body", "body": line})
             else:
                 await send({"type": "http.response.start", "status": 503,
                             "headers": [(b"content-type", b"application/json"),
