@@ -3,6 +3,7 @@
     CoordinatorError
     ├── RefusedTarget        a PID that must never be signalled (PID 1, ourselves, an ancestor)
     ├── TargetNotFound       the PID does not exist (or is no longer the process it was)
+    ├── RefusedCaller        without the token, a caller acting beyond what it could signal
     ├── DrainConflict        the request does not fit the drain's current phase
     └── LimitReached         a bounded collection is full (a 429 naming the setting)
 
@@ -32,6 +33,11 @@ class TargetNotFound(CoordinatorError):
         super().__init__(f"pid {pid}: {why}")
         self.pid = pid
         self.why = why
+
+
+class RefusedCaller(CoordinatorError):
+    """Without the token, a caller asked for something it could not do itself (a 403): act
+    on a process it could not signal (``coordinator.service.reach``)."""
 
 
 class DrainConflict(CoordinatorError):

@@ -103,6 +103,16 @@ def _list(item: Check) -> Check:
     return check
 
 
+def _mapping(value_check: Check) -> Check:
+    """An object whose every value passes ``value_check`` (its keys are strings in JSON)."""
+    def check(value: Any, where: str) -> None:
+        if not isinstance(value, dict):
+            _fail(where, f"expected an object, found {_kind(value)}")
+        for key, item in value.items():
+            value_check(item, _at(where, str(key)))
+    return check
+
+
 def _pair(first: Check, second: Check) -> Check:
     def check(value: Any, where: str) -> None:
         if not isinstance(value, list) or len(value) != 2:
@@ -170,7 +180,9 @@ WORKER = _object(
     {"name": _str, "url": _nullable(_str), "tiers": _list(TIER), "include_tree": _bool,
      "registered_at": EPOCH, "state": _str, "inflight": _nullable(_int()),
      "prekill_done": _bool, "handed_back": _int(), "exited_at": _nullable(EPOCH),
-     "exit_code": _nullable(_int(-(2**31), 2**31))},
+     "exit_code": _nullable(_int(-(2**31), 2**31)),
+     "uids": _nullable(_pair(_int(0, 2**32 - 1), _int(0, 2**32 - 1))),
+     "reach_uid": _nullable(_int(0, 2**32 - 1))},
 )
 MIGRATION = _object(
     {"request_id": _str, "worker": _str, "tokens": _int(), "handed_back_at": EPOCH},
@@ -178,7 +190,8 @@ MIGRATION = _object(
 )
 MIGRATIONS = _object(
     {},
-    {"pending": _list(MIGRATION), "early": _list(_pair(_str, EPOCH)), "handed_back": _int(),
+    {"pending": _list(MIGRATION), "early": _list(_pair(_str, EPOCH)),
+     "early_owners": _mapping(_int(0, 2**32 - 1)), "handed_back": _int(),
      "acked": _int(), "expired": _int(), "engine": _int()},
 )
 TRANSITION = _object({"phase": PHASE, "at": EPOCH, "generation": _int()}, {"note": _str})

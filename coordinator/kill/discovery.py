@@ -13,6 +13,10 @@ A process belongs to a root's tree when
   a new session and group, parent gone). Never a root's ancestor (a container's init), nor a
   client of the coordinator (the preStop hook waiting for the drain) or its parents.
 
+A root whose ``Target.reach_uid`` is set (registered without the token by a non-root UID)
+takes only processes that UID could signal itself (``kill(2)``: their real or saved UID is
+its own), whichever rule found them; each one left alone is named in the report's notes.
+
 Groups and sessions shared with the coordinator itself are never used. What is found outside
 ancestry joins as a non-root of its tree, one level below the tree's deepest process (so it
 is ended before the processes it may serve, and before the root), with a ``detail`` that
@@ -111,12 +115,41 @@ class TreeDiscovery:
                 groups[t.pgid] = t
         return groups
 
+    @cached_property
+    def _beyond_reach(self) -> set[tuple[int, int]]:
+        """``(pid, start_ticks)`` of processes found under a root whose reach they are
+        beyond: left alone, and not looked at again."""
+        return set()
+
+    def _within_reach(self, stat: procfs.ProcStat, root_pid: int) -> bool:
+        """Whether the root's reach (``Target.reach_uid``) takes ``stat``'s process; one
+        that it does not is noted once."""
+        target = self.targets.get(root_pid)
+        if target is None or target.reach_uid is None:
+            return True
+        key = (stat.pid, stat.start_ticks)
+        if key in self._beyond_reach:
+            return False
+        uids = procfs.uids(stat.pid, stat.start_ticks)
+        if uids is not None and target.reach_uid in uids:
+            return True
+        self._beyond_reach.add(key)
+        self._units.excluded.add(key)
+        if uids is not None:
+            self.notes.append(
+                f"pid {stat.pid} ({stat.name}, UID {uids[0]}) was found under pid {root_pid} "
+                f"and left alone: UID {target.reach_uid} registered that worker without the "
+                "token and could not signal it")
+        return False
+
     def _admit_child(
         self, pid: int, snap: Mapping[int, procfs.ProcStat], parent: Tracked, boot: float
     ) -> Tracked | None:
         if pid in self.live or pid in self.protected:
             return None
         seen = snap[pid]
+        if not self._within_reach(seen, parent.member.root_pid):
+            return None
         member = Member(
             pid, parent.member.pid, parent.member.depth + 1, seen.name, "", None,
             parent.member.root_pid,
@@ -149,6 +182,8 @@ class TreeDiscovery:
                 depth, root_pid = deepest.member.depth + 1, deepest.member.root_pid
                 why = "born during the kill, reparented away from its tree"
             else:
+                continue
+            if not self._within_reach(stat, root_pid):
                 continue
             member = Member(stat.pid, stat.ppid, depth, stat.name, "", None, root_pid)
             admitted = self._admit(stat.pid, member, expected_ticks=stat.start_ticks, boot=boot)
@@ -218,6 +253,9 @@ class TreeDiscovery:
         found: list[Tracked] = []
         for f in adopt:
             root_pid = self.live[f.root_pid].member.root_pid
+            if not (self._within_reach(f.stat, f.root_pid)
+                    and self._within_reach(f.stat, root_pid)):
+                continue
             member = Member(f.stat.pid, f.stat.ppid, self._deepest(root_pid) + 1, f.stat.name,
                             "", None, root_pid)
             admitted = self._admit(f.stat.pid, member, expected_ticks=f.stat.start_ticks,

@@ -52,6 +52,10 @@ class Target:
     listed: tuple[ProcessOutcome, ...] = ()
     """Descendants a scan listed under this root before the kill: each one the kill does not
     find is still reported (``coordinator.kill.listed``), never left out of the report."""
+    reach_uid: int | None = None
+    """The UID whose reach bounds this tree: a process found under the root (descendant,
+    session, group or unit) is taken only if that UID could signal it (``kill(2)``: its real
+    or saved UID). None: no bound (a root trusted by the token or registered by root)."""
 
 
 @dataclass(frozen=True)

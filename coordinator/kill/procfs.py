@@ -149,6 +149,28 @@ def thread_group(pid: int) -> int | None:
     return None
 
 
+def uids(pid: int, start_ticks: int | None = None) -> tuple[int, int] | None:
+    """The process's real and saved UIDs (what ``kill(2)`` compares a sender's UID with), as
+    our user namespace sees them; None when it is gone, or (given ``start_ticks``) when the
+    PID now names another process."""
+    try:
+        with open(f"{PROC}/{pid}/status") as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    real, _effective, saved = line.split()[1:4]
+                    break
+            else:
+                return None
+    except (OSError, ValueError):
+        return None
+    if start_ticks is not None:
+        # Read after the status: the same start ticks mean it was that process's.
+        stat = read_stat(pid)
+        if stat is None or stat.start_ticks != start_ticks:
+            return None
+    return int(real), int(saved)
+
+
 def cmdline(pid: int) -> str:
     """The command line joined by spaces; empty for kernel threads, zombies, or when gone."""
     try:

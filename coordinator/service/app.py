@@ -22,8 +22,14 @@ from coordinator.drain.budget import remaining
 from coordinator.drain.handover import so_far
 from coordinator.drain.phases import Phase
 from coordinator.drain.ports import Killer
-from coordinator.errors import DrainConflict, LimitReached, RefusedTarget, TargetNotFound
-from coordinator.service import peers
+from coordinator.errors import (
+    DrainConflict,
+    LimitReached,
+    RefusedCaller,
+    RefusedTarget,
+    TargetNotFound,
+)
+from coordinator.service import reach
 from coordinator.service.auth import TokenCheck
 from coordinator.service.events import EventStream
 from coordinator.service.fast_status import (
@@ -103,6 +109,10 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     async def _refused(_request: Request, exc: RefusedTarget) -> JSONResponse:
         return problem(403, str(exc))
 
+    @app.exception_handler(RefusedCaller)
+    async def _refused_caller(_request: Request, exc: RefusedCaller) -> JSONResponse:
+        return problem(403, str(exc))
+
     @app.exception_handler(TargetNotFound)
     async def _not_found(_request: Request, exc: TargetNotFound) -> JSONResponse:
         return problem(422, str(exc))
@@ -122,6 +132,24 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
         if worker is None:
             raise unknown_worker(worker_id)
         return worker
+
+    def caller(request: Request) -> reach.Caller:
+        return reach.identify(request.scope, coordinator.posture)
+
+    def reached_worker(request: Request, worker_id: str, what: str) -> Worker:
+        """The worker, once the caller is found to reach it (``reach``)."""
+        worker = worker_or_404(worker_id)
+        reach.check_worker(caller(request), worker, what)
+        return worker
+
+    async def check_drain(request: Request, what: str) -> None:
+        """Without the token, only a caller that could signal every process the drain would
+        signal may start, join, force or abort it: checked against a scan made now."""
+        who = caller(request)
+        if who.trusted:
+            return
+        await coordinator.rescan()
+        reach.check_drain(who, reach.drain_processes(coordinator), what)
 
     # --- probes and metrics ----------------------------------------------------------------
 
@@ -211,23 +239,28 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
                         "SIGKILLed as usual.")] = None) -> Response:
         """Start or join the drain and block until done (kubelet ``preStop`` ``httpGet``),
         or until the main processes are next (``main=caller``)."""
+        await check_drain(request, "start or join the drain")
         if main == "caller":
             return await start_and_hand_over(request)
         return await start_and_maybe_wait("preStop", None, True)
 
     @api.post("/drain", status_code=200, responses={202: {"description": "started"}})
-    async def drain_post(body: Annotated[DrainRequest | None, Body()] = None) -> Response:
+    async def drain_post(request: Request,
+                         body: Annotated[DrainRequest | None, Body()] = None) -> Response:
         """Start or join the drain; ``wait=false`` answers 202 at once. ``force`` skips
         migration and SIGKILLs every process; joining a running drain it escalates it."""
-        request = body or DrainRequest()
-        return await start_and_maybe_wait(request.reason, request.deadline_s, request.wait,
-                                          request.force)
+        asked = body or DrainRequest()
+        await check_drain(request, "force the drain" if asked.force else
+                          "start or join the drain")
+        return await start_and_maybe_wait(asked.reason, asked.deadline_s, asked.wait,
+                                          asked.force)
 
     @api.delete("/drain", responses={409: {"description": "too late to abort"}})
-    async def drain_delete() -> dict[str, Any]:
+    async def drain_delete(request: Request) -> dict[str, Any]:
         """Abort a drain that has not reached ``terminating``; end the cycle of a done drain
         that found nothing to drain (``aborted`` false, ``cycle_ended`` true); 409 once
         processes were terminated."""
+        await check_drain(request, "abort the drain")
         aborted = coordinator.abort_drain()
         return {"phase": coordinator.machine.phase.value, "aborted": aborted,
                 "cycle_ended": not aborted, "generation": coordinator.machine.generation}
@@ -293,11 +326,10 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     async def register(body: RegisterRequest, request: Request) -> JSONResponse:
         """Register a worker process (identity checked); same process again → same id.
         Without a token, only a caller that could signal the process itself may."""
-        if not coordinator.posture.auth:
-            caller = await asyncio.to_thread(peers.peer_uid, request.client,
-                                             request.scope.get("server"))
-            peers.check_may_register(caller, body.pid)
-        worker, created = coordinator.register(body)
+        who = caller(request)
+        uids = reach.check_registration(who, body.pid, coordinator.posture)
+        worker, created = coordinator.register(
+            body, uids=uids, reach_uid=None if who.trusted else who.uid)
         return JSONResponse(
             {"id": worker.id, "pid": worker.pid, "start_time": worker.start_time,
              "events_url": f"/workers/{worker.id}/events",
@@ -306,8 +338,9 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
             status_code=201 if created else 200)
 
     @api.delete("/workers/{worker_id}", responses={404: {"description": "unknown worker"}})
-    async def deregister(worker_id: WorkerId) -> dict[str, str]:
+    async def deregister(request: Request, worker_id: WorkerId) -> dict[str, str]:
         """Forget a worker (it will not be part of the kill)."""
+        reached_worker(request, worker_id, "deregister")
         if coordinator.deregister(worker_id) is None:
             raise unknown_worker(worker_id)
         return {"id": worker_id, "state": "deregistered"}
@@ -315,9 +348,9 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     @api.get("/workers/{worker_id}/events", response_class=Response,
              responses={404: {"description": "unknown worker"},
                         **limited("max_streams_per_worker")})
-    async def events(worker_id: WorkerId) -> Response:
+    async def events(request: Request, worker_id: WorkerId) -> Response:
         """NDJSON stream: ``hello``, then ``drain``, ``abort``, ``terminate``, ``ping``."""
-        worker = worker_or_404(worker_id)
+        worker = reached_worker(request, worker_id, "open an event stream of")
         open_now = coordinator.notifier.connected(worker_id)
         if open_now >= settings.max_streams_per_worker:
             raise LimitReached("max_streams_per_worker",
@@ -327,9 +360,10 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
 
     @api.post("/workers/{worker_id}/report", responses={
         404: {"description": "unknown worker"}, **limited("max_handoffs")})
-    async def report(worker_id: WorkerId, body: ReportRequest) -> dict[str, int]:
+    async def report(request: Request, worker_id: WorkerId,
+                     body: ReportRequest) -> dict[str, int]:
         """In-flight count, handed-back requests, ``prekill_done``."""
-        worker = worker_or_404(worker_id)
+        worker = reached_worker(request, worker_id, "report for")
         first_notice = worker.notified_at is None and body.notified_at is not None
         coordinator.report(worker, body)
         drain = coordinator.controller.drain
@@ -340,10 +374,12 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
         return {"generation": coordinator.machine.generation}
 
     @api.post("/migrations/ack", responses=limited("max_early_acks"))
-    async def ack(body: AckRequest) -> dict[str, list[str]]:
+    async def ack(request: Request, body: AckRequest) -> dict[str, list[str]]:
         """A router re-issued these handed-back requests: ``acked`` were pending, ``early``
         were not reported yet (applied when they are), ``unknown`` were settled already."""
-        result = coordinator.ack(body.request_ids)
+        who = caller(request)
+        reach.check_acks(who, coordinator.acked_workers(body.request_ids))
+        result = coordinator.ack(body.request_ids, owner=None if who.trusted else who.uid)
         return {"acked": result.acked, "early": result.early, "unknown": result.unknown}
 
     @api.get("/openapi.json", include_in_schema=False)
@@ -355,7 +391,8 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.include_router(api)
     if coordinator.group is not None:
         app.include_router(group_routes(coordinator, coordinator.group,
-                                        settings.long_poll_cap_s), responses=GUARDED)
+                                        settings.long_poll_cap_s, caller),
+                           responses=GUARDED)
     app.add_middleware(StatusFastPath, coordinator=coordinator, cap_s=settings.long_poll_cap_s)
     # Added last, so it is the outermost: it sees every request first.
     app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,

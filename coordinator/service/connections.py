@@ -20,7 +20,9 @@ connection:
        off mid-body (401, 413, 408, 431) would otherwise see "connection reset" instead of
        the reason.
 
-What follows the head (the body's size and pace) is the request guard's.
+What follows the head (the body's size and pace) is the request guard's. Each request's
+scope carries its connection's ``peers.PeerCache``, so the caller's socket is looked up once
+per connection, not once per request.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from typing import Any
 from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
+
+from coordinator.service.peers import SCOPE_KEY, PeerCache
 
 MAX_HEAD_BYTES = 65_536
 """Request line and headers together; a bearer token and a few headers need far less."""
@@ -75,6 +79,7 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
             self.raw: asyncio.Transport | None = None
             self.lingering = False
             self.dropped = 0
+            self.peer = PeerCache()
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self.raw = transport
@@ -105,6 +110,10 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
                 self.head_bytes += len(data)
                 if self.head_bytes > MAX_HEAD_BYTES and not self.transport.is_closing():
                     self._refuse(431, b"request head too large")
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self.scope[SCOPE_KEY] = self.peer  # type: ignore[literal-required]
 
         def on_headers_complete(self) -> None:
             self._disarm_head_timer()

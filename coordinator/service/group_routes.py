@@ -6,14 +6,16 @@
 
 Every body is bounded (counts, string lengths, finite numbers): hostile input gets a 422
 like any other, and nothing in it names a process for this coordinator to signal. A call
-meant for the leader that reaches a follower is a 409.
+meant for the leader that reaches a follower is a 409. Without the token, only a trusted
+caller (root, or one from a trusted network) may announce or report (``reach``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from coordinator.errors import DrainConflict
@@ -22,6 +24,7 @@ from coordinator.group.membership import MAX_GROUP_SIZE
 from coordinator.group.node import GroupNode
 from coordinator.group.summary import MODE_GROUP, MODE_LOCAL, PodReport
 from coordinator.kill.report import Fate
+from coordinator.service import reach
 from coordinator.service.fast_status import long_poll
 from coordinator.service.runtime import Coordinator
 
@@ -65,8 +68,10 @@ class SummaryReport(Body):
         default_factory=list)
 
 
-def group_routes(coordinator: Coordinator, node: GroupNode, cap_s: float) -> APIRouter:
-    """The routes above, for ``coordinator`` in the group ``node``."""
+def group_routes(coordinator: Coordinator, node: GroupNode, cap_s: float,
+                 caller: Callable[[Request], reach.Caller]) -> APIRouter:
+    """The routes above, for ``coordinator`` in the group ``node`` (``caller``: who makes a
+    request)."""
     api = APIRouter()
 
     def leader() -> Any:
@@ -80,8 +85,9 @@ def group_routes(coordinator: Coordinator, node: GroupNode, cap_s: float) -> API
 
     @api.post("/group/members", responses={409: {"description": "not the leader"},
                                            422: {"description": "not a member"}})
-    async def announce(body: MemberAnnounce) -> dict[str, Any]:
+    async def announce(request: Request, body: MemberAnnounce) -> dict[str, Any]:
         """A follower of this leader announces itself."""
+        reach.check_trusted(caller(request), "announce a group member")
         try:
             entry = leader().announce(body.index, body.url)
         except GroupInputError as exc:
@@ -93,9 +99,10 @@ def group_routes(coordinator: Coordinator, node: GroupNode, cap_s: float) -> API
     @api.post("/group/members/{index}/summary", responses={
         409: {"description": "not the leader, or no group drain"},
         422: {"description": "not a member"}})
-    async def summary(index: Annotated[int, Path(ge=1, le=MAX_GROUP_SIZE - 1)],
+    async def summary(request: Request, index: Annotated[int, Path(ge=1, le=MAX_GROUP_SIZE - 1)],
                       body: SummaryReport) -> dict[str, Any]:
         """A follower's drain summary: its own processes' fates, never anything to act on."""
+        reach.check_trusted(caller(request), "report a group member's summary")
         report = PodReport(index=index, outcome=body.outcome,
                            mode=MODE_LOCAL if body.mode == MODE_LOCAL else MODE_GROUP,
                            reason=body.reason, causes=tuple(body.causes),

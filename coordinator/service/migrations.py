@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -84,6 +85,10 @@ class MigrationBook:
         self.pending: dict[str, Migration] = {}
         self.early: dict[str, float] = {}
         """Early acknowledgements (request id → when), oldest first."""
+        self.early_owners: dict[str, int] = {}
+        """Of ``early``: those a non-root caller sent without the token (request id → its
+        UID): each settles its handoff only if the reporting worker is one that UID could
+        signal (``add``'s ``may_settle``)."""
         self._resolved: dict[str, None] = {}
         self.handed_back = 0
         self.acked = 0
@@ -97,9 +102,11 @@ class MigrationBook:
     def check_room(self, handoffs: list[tuple[str, bool]]) -> None:
         """Raise ``LimitReached`` when adding ``handoffs`` (request id, engine-migrated) would
         hold more than ``max_pending`` pending; nothing is changed either way."""
+        # An early acknowledgement of a caller without the token may not settle its
+        # handoff (``add``): counted as taking room.
         new = {request_id for request_id, engine in handoffs
                if not engine and request_id not in self.pending
-               and request_id not in self.early}
+               and (request_id not in self.early or request_id in self.early_owners)}
         if new and len(self.pending) + len(new) > self.max_pending:
             raise LimitReached(
                 "max_handoffs", f"{len(self.pending)} handed-back requests wait for a router "
@@ -107,12 +114,19 @@ class MigrationBook:
                 "(--max-handoffs); retry once routers have acknowledged some")
 
     def add(self, worker: str, worker_url: str | None, request_id: str, tokens: int,
-            detail: Any = None, *, engine_migrated: bool = False) -> Added | None:
+            detail: Any = None, *, engine_migrated: bool = False,
+            may_settle: Callable[[int], bool] | None = None) -> Added | None:
         """Record a handoff: ``listed`` (pending), ``acked`` (an early ack settled it at
         once), ``engine`` (the engine's own router migrated it), or None when the same
-        request was already pending."""
+        request was already pending. An early acknowledgement of a UID (``early_owners``)
+        settles it only when ``may_settle(uid)`` says that UID reaches the worker; one that
+        does not is dropped, and the handoff is listed."""
         if request_id in self.pending:
             return None
+        owner = self.early_owners.pop(request_id, None)
+        if owner is not None and not engine_migrated and (
+                may_settle is None or not may_settle(owner)):
+            self.early.pop(request_id, None)
         self.handed_back += 1
         now = time.time()
         self.log.append((now, "handed_back", 1))
@@ -132,9 +146,10 @@ class MigrationBook:
                                              now, detail)
         return "listed"
 
-    def ack(self, request_ids: list[str]) -> AckResult:
+    def ack(self, request_ids: list[str], owner: int | None = None) -> AckResult:
         """Acknowledge re-issued requests; ``LimitReached`` (nothing changed) when the early
-        ones would hold more than ``max_early`` early acknowledgements."""
+        ones would hold more than ``max_early`` early acknowledgements. ``owner``: the UID
+        of a caller without the token, kept with its early acknowledgements."""
         ids = list(dict.fromkeys(request_ids))
         new_early = sum(1 for request_id in ids if request_id not in self.pending
                         and request_id not in self._resolved and request_id not in self.early)
@@ -156,6 +171,10 @@ class MigrationBook:
                 early.append(request_id)
                 self.early.pop(request_id, None)
                 self.early[request_id] = time.time()
+                if owner is None:
+                    self.early_owners.pop(request_id, None)
+                else:
+                    self.early_owners[request_id] = owner
         self.acked += len(acked)
         if acked:
             self.log.append((time.time(), "acked", len(acked)))
@@ -164,6 +183,7 @@ class MigrationBook:
     def forget_early(self) -> None:
         """The drain ended: acknowledgements of handoffs that never came are dropped."""
         self.early.clear()
+        self.early_owners.clear()
 
     def expire_before(self, cutoff: float) -> tuple[int, int]:
         """Expire pending handoffs and early acknowledgements older than ``cutoff`` (epoch
@@ -187,6 +207,7 @@ class MigrationBook:
             dropped.append(request_id)
         for request_id in dropped:
             del self.early[request_id]
+            self.early_owners.pop(request_id, None)
         return len(old), len(dropped)
 
     def expire_all(self) -> int:
@@ -196,6 +217,7 @@ class MigrationBook:
             self._resolve(request_id)
         self.pending.clear()
         self.early.clear()
+        self.early_owners.clear()
         self.expired += count
         if count:
             self.log.append((time.time(), "expired", count))
@@ -214,7 +236,8 @@ class MigrationBook:
     def to_record(self) -> dict[str, Any]:
         return {**self.counts(), "engine": self.engine,
                 "pending": [m.to_dict() for m in self.pending.values()],
-                "early": list(self.early.items())}
+                "early": list(self.early.items()),
+                **({"early_owners": dict(self.early_owners)} if self.early_owners else {})}
 
     def restore(self, data: dict[str, Any]) -> None:
         for item in data.get("pending", ()):
@@ -222,6 +245,8 @@ class MigrationBook:
             self.pending[migration.request_id] = migration
         for request_id, at in data.get("early", ()):
             self.early[str(request_id)] = float(at)
+        self.early_owners = {str(r): int(uid) for r, uid in data.get("early_owners", {}).items()
+                             if r in self.early}
         self.handed_back = int(data.get("handed_back", 0))
         self.acked = int(data.get("acked", 0))
         self.expired = int(data.get("expired", 0))

@@ -1,69 +1,72 @@
-"""Who is calling, for registrations made without a token: a process registered here is
-SIGTERMed and SIGKILLed by the next drain, so without a token only a caller that could
-signal it itself may register it.
+"""Who is calling, when no token says it: the owner of the client end of its TCP connection.
 
-The caller is the owner of the client end of its TCP connection, read from the connection
-table of our network namespace (``/proc/self/net/tcp`` and ``tcp6``: the line whose local
-address is the caller's and whose remote address is ours). The rule is ``kill(2)``'s, as far
-as a socket's owner tells it: root may register any process; another UID only a process
-whose real or saved UID is its own. A caller not found in the table (not on this host's
-network namespace) may not register anything without the token.
+The connection's two ends are in the request (``client``, ``server``); the socket whose local
+end is the client's and whose remote end is ours is found by one exact lookup in the kernel
+(``coordinator.service.sock_diag``), and its owner is the caller's UID. A socket's owner never
+changes, so the answer is kept for the connection (``PeerCache``, which the HTTP protocol
+puts in every request's scope): a worker's keep-alive connection costs one lookup, not one
+per report.
+
+A caller whose socket is not in our network namespace (another host, another pod) has no
+UID here (``Peer.uid`` None). A lookup that fails (netlink socket diagnostics blocked) says
+why (``Peer.error``); it is not kept, so the next request asks again.
 """
 
 from __future__ import annotations
 
-import ipaddress
+from dataclasses import dataclass
+from typing import Any
 
-import psutil
+from coordinator.service import sock_diag
 
-from coordinator.errors import RefusedTarget, TargetNotFound
-from coordinator.kill import callers
-
-ROOT_UID = 0
-
-
-def peer_uid(client: tuple[str, int] | None, server: tuple[str, int] | None) -> int | None:
-    """The UID owning the client end of the connection ``client`` → ``server``; None when
-    it is not in this network namespace's table (or the addresses are unknown)."""
-    if client is None or server is None:
-        return None
-    theirs, ours = _endpoint(client), _endpoint(server)
-    if theirs is None or ours is None:
-        return None
-    for sock in callers.connections():
-        if sock.local == theirs and sock.remote == ours and sock.uid >= 0:
-            return sock.uid
-    return None
+SCOPE_KEY = "coordinator.peer"
+"""Where a request's scope holds its connection's ``PeerCache`` (absent: no cache)."""
 
 
-def _endpoint(address: tuple[str, int]) -> callers.Endpoint | None:
-    """An address as the connection table shows it (a v4-mapped v6 address as v4)."""
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """The caller at the other end of a connection."""
+
+    uid: int | None
+    """The UID owning the client's socket; None when it is not in our network namespace, or
+    when it could not be looked up (``error``)."""
+    error: str | None = None
+    """Why the lookup failed (None: it did not)."""
+
+    @property
+    def local(self) -> bool:
+        return self.uid is not None
+
+
+class PeerCache:
+    """One connection's caller, looked up at most once."""
+
+    __slots__ = ("peer",)
+
+    def __init__(self) -> None:
+        self.peer: Peer | None = None
+
+
+def lookup(client: Any, server: Any) -> Peer:
+    """The owner of the client end of the connection ``client`` → ``server`` (each a
+    ``(host, port)`` as ASGI gives them)."""
+    if not client or not server:
+        return Peer(None)
     try:
-        ip = ipaddress.ip_address(address[0])
-        port = int(address[1])
+        return Peer(sock_diag.owner((str(client[0]), int(client[1])),
+                                    (str(server[0]), int(server[1]))))
     except (ValueError, TypeError, IndexError):
-        return None
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped, port
-    return ip, port
+        return Peer(None)  # not an IP connection (a unix socket): no TCP owner to find
+    except sock_diag.SockDiagUnavailable as exc:
+        return Peer(None, str(exc))
 
 
-def check_may_register(caller_uid: int | None, pid: int) -> None:
-    """Raise ``RefusedTarget`` unless a caller of ``caller_uid`` may signal ``pid``."""
-    if caller_uid is None:
-        raise RefusedTarget(pid, "the caller is not a process of this host (its connection "
-                            "is not in our network namespace): registering without a token "
-                            "needs a local caller")
-    if caller_uid == ROOT_UID:
-        return
-    try:
-        uids = psutil.Process(pid).uids()
-    except psutil.NoSuchProcess as exc:
-        raise TargetNotFound(pid, "no such process") from exc
-    except psutil.Error as exc:
-        raise RefusedTarget(pid, f"its owner cannot be read ({exc})") from exc
-    if caller_uid not in (uids.real, uids.saved):
-        raise RefusedTarget(pid, f"it belongs to UID {uids.real} and the caller is UID "
-                            f"{caller_uid}: without the token a caller may only register "
-                            "processes it could signal itself (give the token, or register "
-                            "from the process's own user)")
+def of_request(scope: Any) -> Peer:
+    """The caller of the request whose ASGI ``scope`` is given (kept for its connection)."""
+    cache = scope.get(SCOPE_KEY)
+    if isinstance(cache, PeerCache) and cache.peer is not None:
+        return cache.peer
+    peer = lookup(scope.get("client"), scope.get("server"))
+    if isinstance(cache, PeerCache) and peer.error is None:
+        cache.peer = peer
+    return peer

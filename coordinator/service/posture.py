@@ -18,6 +18,7 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Any
 
+from coordinator.service import reach
 from coordinator.settings import ENV_PREFIX, Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -58,6 +59,7 @@ class Posture:
             "confine_to_pid": self.confine_to_pid,
             "unauthenticated_network": self.unauthenticated_network,
             "registration": self.registration(),
+            "enforced": reach.rules(self),
         }
 
     def summary(self) -> str:

@@ -16,6 +16,10 @@ parent exited, or they daemonized), each with a ``detail`` saying how it was fou
   started under that root, even once it exited (a crashed worker's late children);
 - in a root's unit (its cgroup or mount namespace, ``coordinator/kill/membership.py``), as
   last seen while the root ran; never the coordinator's own clients (the preStop hook).
+
+Under a root registered without the token by a non-root UID (``reach``), only processes that
+UID could signal are listed, whichever rule found them: what the kill would never take
+(``Target.reach_uid``) is not shown as the worker's.
 """
 
 from __future__ import annotations
@@ -54,6 +58,13 @@ def process_entry(o: ProcessOutcome) -> dict[str, Any]:
             "ended_at": o.ended_at}
 
 
+def within_reach(uid: int, pid: int, start_ticks: int) -> bool:
+    """Whether ``uid`` could signal the process ``pid`` (started at ``start_ticks``):
+    ``kill(2)``'s rule, its real or saved UID. A process gone (or reused) is not."""
+    uids = procfs.uids(pid, start_ticks)
+    return uids is not None and uid in uids
+
+
 @dataclass(frozen=True)
 class RootFacts:
     """What a root's unit was while it ran: enough to find its leftovers once it exited."""
@@ -77,9 +88,11 @@ class Listing:
 
 
 def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
-                   exited: Mapping[int, float], facts: Mapping[int, RootFacts]) -> Listing:
+                   exited: Mapping[int, float], facts: Mapping[int, RootFacts],
+                   reach: Mapping[int, int] | None = None) -> Listing:
     """The live roots' trees and every root's leftovers (``exited``: registered roots that
-    exited, PID to start time), from one ``/proc`` snapshot."""
+    exited, PID to start time), from one ``/proc`` snapshot; under a root of ``reach`` (root
+    PID → UID) only processes that UID could signal."""
     listing = Listing(procfs.snapshot())
     snap, boot = listing.snap, procfs.boot_time()
     kids = procfs.children_by_parent(snap.values())
@@ -88,6 +101,9 @@ def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
             ended: bool = False) -> None:
         stat = snap[pid]
         if pid in listing.processes or (stat.zombie and not ended):
+            return
+        if reach and root in reach and pid != root and not within_reach(
+                reach[root], pid, stat.start_ticks):
             return
         listing.processes[pid] = ProcessOutcome(
             pid=pid, name=stat.name, start_time=stat.start_time(boot),
@@ -168,6 +184,9 @@ class ProcessScan:
         """What was last listed under each exited root when it exited (by PID): a later scan
         no longer lists the ones that died with it, yet the drain must report them."""
         self._facts: dict[int, RootFacts] = {}
+        self.reach: dict[int, int] = {}
+        """Roots registered without the token by a non-root UID, PID → that UID: their
+        listings hold only what it could signal."""
         self._on_change = on_change
         """Called when the set of adopted roots or of listed processes changed."""
         self._task: asyncio.Task[None] | None = None
@@ -202,7 +221,7 @@ class ProcessScan:
               ) -> tuple[list[identity.ProcessFacts], Listing]:
         adopted = adoption.discover(self.rules, exclude=registered)
         live = [*roots, *((f.pid, "adopted") for f in adopted)]
-        return adopted, list_processes(live, previous, exited, facts)
+        return adopted, list_processes(live, previous, exited, facts, dict(self.reach))
 
     def root_exited(self, pid: int, start_time: float) -> None:
         """A registered root exited: its leftovers are looked for from now on, and what was
@@ -224,7 +243,7 @@ class ProcessScan:
         process that left a tree. Never a client of the coordinator, nor a parent of one."""
         live_pids = {pid for pid, _ in live}
         exited = {pid: start for pid, start in self.exited.items() if pid not in live_pids}
-        listing = list_processes(live, self.scanned, exited, self._facts)
+        listing = list_processes(live, self.scanned, exited, self._facts, self.reach)
         out = {o.pid: o for o in self.left_behind.values() if o.root_pid in exited}
         out.update((o.pid, o) for o in self.scanned.values()
                    if o.root_pid in exited and o.depth > 0)
@@ -241,6 +260,7 @@ class ProcessScan:
         self.scanned = {p: o for p, o in self.scanned.items() if o.root_pid != root_pid}
         self.exited.pop(root_pid, None)
         self._facts.pop(root_pid, None)
+        self.reach.pop(root_pid, None)
         self.left_behind = {p: o for p, o in self.left_behind.items() if o.root_pid != root_pid}
 
     def start(self, interval_s: float, roots: Callable[[], Roots],

@@ -70,6 +70,13 @@ class Worker:
     exit_code: int | None = None
     """How its process ended, read from its pidfd the moment it exited (subprocess
     convention; None when unknown): the kill finds nothing left of it to ask."""
+    uids: tuple[int, int] | None = None
+    """Its process's real and saved UIDs at registration (who may act on it without the
+    token once it has exited, ``coordinator.service.reach``); None when unknown."""
+    reach_uid: int | None = None
+    """Registered without the token by this non-root UID: its tree holds only processes
+    that UID could signal (``Target.reach_uid``). None: registered by root or with the
+    token."""
 
     @property
     def alive(self) -> bool:
@@ -78,7 +85,8 @@ class Worker:
     def target(self) -> Target:
         """What the kill engine gets for this worker."""
         return Target(pid=self.pid, start_time=self.start_time, role=self.role,
-                      tiers=self.tiers, include_tree=self.include_tree)
+                      tiers=self.tiers, include_tree=self.include_tree,
+                      reach_uid=self.reach_uid)
 
     def to_status(self) -> dict[str, Any]:
         return {
@@ -107,6 +115,8 @@ class Worker:
             connected=self.connected > 0 or self.reconnect_awaited,
             start_time=self.start_time,
             include_tree=self.include_tree,
+            uids=list(self.uids) if self.uids is not None else None,
+            reach_uid=self.reach_uid,
             tiers=[
                 {"name": t.name, "pattern": t.pattern, "roles": list(t.roles),
                  "signal": int(t.signal), "timeout_s": t.timeout_s,
@@ -133,6 +143,8 @@ class Worker:
             inflight=data.get("inflight"), prekill_done=bool(data.get("prekill_done", False)),
             handed_back=int(data.get("handed_back", 0)), exited_at=data.get("exited_at"),
             exit_code=data.get("exit_code"),
+            uids=(int(data["uids"][0]), int(data["uids"][1])) if data.get("uids") else None,
+            reach_uid=data.get("reach_uid"),
             reconnect_awaited=bool(data.get("connected"))
             and data.get("state", WorkerState.SERVING.value) != WorkerState.EXITED.value,
         )
@@ -179,6 +191,8 @@ class WorkerRegistry:
         tiers: tuple[TierSpec, ...],
         include_tree: bool,
         state: WorkerState = WorkerState.SERVING,
+        uids: tuple[int, int] | None = None,
+        reach_uid: int | None = None,
     ) -> tuple[Worker, bool]:
         """Add a worker (or return the existing one for the same process); True if new."""
         existing = self.find(found.pid, found.start_time)
@@ -187,7 +201,7 @@ class WorkerRegistry:
         worker = Worker(
             id=f"w-{uuid.uuid4().hex[:12]}", pid=found.pid, start_time=found.start_time,
             role=role, name=name or found.name, url=url, tiers=tiers,
-            include_tree=include_tree, state=state,
+            include_tree=include_tree, state=state, uids=uids, reach_uid=reach_uid,
         )
         self.workers[worker.id] = worker
         self._watch(worker)

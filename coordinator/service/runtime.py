@@ -36,7 +36,7 @@ from coordinator.errors import DrainConflict, LimitReached
 from coordinator.group.node import ControllerHost, GroupNode
 from coordinator.kill import adoption, identity
 from coordinator.kill.policy import TierSpec
-from coordinator.service import drain_log, expiry, posture
+from coordinator.service import drain_log, expiry, posture, reach
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.engine_probe import EngineProbe
 from coordinator.service.fleet import WorkerFleet
@@ -225,6 +225,8 @@ class Coordinator:
         """Take over a state file's objects (``StateKeeper.load`` built them all first)."""
         for worker in state.workers:
             self.registry.restore(worker)
+            if worker.reach_uid is not None:
+                self.scan.reach[worker.pid] = worker.reach_uid
         self.migrations = state.migrations
         self.migrations.max_pending = self.settings.max_handoffs
         self.migrations.max_early = self.settings.max_early_acks
@@ -283,8 +285,11 @@ class Coordinator:
 
     # --- workers -----------------------------------------------------------------------------
 
-    def register(self, body: RegisterRequest) -> tuple[Worker, bool]:
-        """Vet and register a worker (``RefusedTarget``/``TargetNotFound`` on refusal).
+    def register(self, body: RegisterRequest, *, uids: tuple[int, int] | None = None,
+                 reach_uid: int | None = None) -> tuple[Worker, bool]:
+        """Vet and register a worker (``RefusedTarget``/``TargetNotFound`` on refusal):
+        ``uids`` its process's real and saved UIDs, ``reach_uid`` the non-root UID that
+        registered it without the token (its tree is bounded by what that UID could signal).
 
         While ``done``, a new worker starts the next cycle (``StateKeeper.admit``)."""
         phase = self.machine.phase
@@ -312,8 +317,10 @@ class Coordinator:
                       WorkerMove.DRAIN) if phase.draining else WorkerState.SERVING
         worker, created = self.registry.register(
             found, role=body.role, name=body.name, url=body.url, tiers=tiers,
-            include_tree=body.include_tree, state=state)
+            include_tree=body.include_tree, state=state, uids=uids, reach_uid=reach_uid)
         if created:
+            if reach_uid is not None:
+                self.scan.reach[worker.pid] = reach_uid
             self.metrics.workers.set(len(self.registry.workers))
             asyncio.get_running_loop().create_task(self.rescan())
         return worker, created
@@ -331,10 +338,16 @@ class Coordinator:
         """A worker's in-flight count, handoffs and pre-kill confirmation; ``LimitReached``
         (nothing applied) when its handoffs would pass ``max_handoffs``."""
         self.migrations.check_room([(h.request_id, h.ack == "engine") for h in body.handoffs])
+        uids = reach.worker_uids(worker) if self.migrations.early_owners else None
+
+        def may_settle(uid: int) -> bool:
+            return uids is not None and uid in uids
+
         for handoff in body.handoffs:
             added = self.migrations.add(worker.id, worker.url, handoff.request_id,
                                         handoff.tokens, handoff.detail,
-                                        engine_migrated=handoff.ack == "engine")
+                                        engine_migrated=handoff.ack == "engine",
+                                        may_settle=may_settle)
             if added is not None:
                 worker.handed_back += 1
                 self.metrics.migrations.labels("handed_back").inc()
@@ -351,8 +364,19 @@ class Coordinator:
             worker.notified_at = body.notified_at
         self.bump()
 
-    def ack(self, request_ids: list[str]) -> AckResult:
-        result = self.migrations.ack(request_ids)
+    def acked_workers(self, request_ids: list[str]) -> list[Worker]:
+        """The workers whose pending handoffs ``request_ids`` would settle (one that left
+        the registry stands as an unknown owner: only a trusted caller reaches it)."""
+        pending = self.migrations.pending
+        ids = {pending[r].worker for r in request_ids if r in pending}
+        return [self.registry.workers.get(i)
+                or Worker(i, 0, 0.0, "", "", None, state=WorkerState.EXITED)
+                for i in sorted(ids)]
+
+    def ack(self, request_ids: list[str], owner: int | None = None) -> AckResult:
+        """Settle handoffs; ``owner``: the non-root UID acknowledging without the token (an
+        early acknowledgement of its settles only a handoff of a worker it reaches)."""
+        result = self.migrations.ack(request_ids, owner)
         if result.acked:
             self.metrics.migrations.labels("acked").inc(len(result.acked))
         if result.acked or result.early:
