@@ -136,7 +136,7 @@ async def _run_mode(janitor: ProcessJanitor, mode: str, args: argparse.Namespace
         # The call leaves on a connection opened beforehand: t0 is when its bytes are sent.
         t0_wall = time.time()
         t0 = time.monotonic()
-        sock.sendall(b"GET /drain HTTP/1.1\r\nHost: coordinator\r\nConnection: close\r\n\r\n")
+        sock.sendall(b"GET /drain HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         drain = asyncio.create_task(asyncio.to_thread(read_answer, sock))
     elif mode == "restart":
         for engine in pod_a:

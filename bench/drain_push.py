@@ -138,7 +138,7 @@ async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         body = b'{"wait": false}'
         t0 = time.time()
-        sock.sendall(b"POST /drain HTTP/1.1\r\nHost: a\r\nConnection: close\r\n"
+        sock.sendall(b"POST /drain HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                      % (len(body), body))
         started_at = (await asyncio.to_thread(read_answer, sock))["drain"]["started_at"]

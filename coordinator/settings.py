@@ -107,6 +107,12 @@ class Settings(BaseModel):
     because anyone who can reach the port could drain and kill the pod. Turn it on only on
     a network nobody else reaches."""
 
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Names a request's ``Host`` may carry besides the ones the coordinator always answers
+    to (any IP address, ``localhost``, this host's name, the group's names): a Service's DNS
+    name a client dials, say. Others are answered 421, so a DNS name rebound to this address
+    by a web page cannot reach the API (``coordinator.service.browsers``). ``*``: any."""
+
     engine: EngineName = "generic"
     """The engine next to this coordinator (``coordinator.engines``): its profile fills in the
     adoption patterns, the kill tiers of adopted trees and the in-flight probe, wherever
@@ -270,7 +276,17 @@ class Settings(BaseModel):
         return [parse_router(item) if isinstance(item, str) else item
                 for item in _split_list(value)]
 
-    @field_validator("adopt_pids", "adopt_patterns", "engine_inflight_metrics", mode="before")
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not name.strip() or any(c.isspace() or not c.isprintable() for c in name) \
+                    or len(name) > 253:
+                raise ValueError(f"{name!r} is not a host name")
+        return value
+
+    @field_validator("adopt_pids", "adopt_patterns", "engine_inflight_metrics",
+                     "allowed_hosts", mode="before")
     @classmethod
     def _lists_from_env(cls, value: Any) -> Any:
         return _split_list(value)

@@ -100,7 +100,8 @@ class Watcher:
         self.views = {c: CoordinatorView(c) for c in dict.fromkeys(self.workers.values())}
         self.long_poll_s = long_poll_s
         self._http = http or httpx.AsyncClient(
-            headers=wire.bearer_header(token), timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
+            headers=wire.bearer_header_bytes(token),
+            timeout=httpx.Timeout(5.0, read=long_poll_s + 10.0),
             limits=httpx.Limits(max_connections=max_connections or 4 * len(self.views) + 8),
         )
         self._tasks: dict[str, asyncio.Task[None]] = {}

@@ -47,6 +47,7 @@ __all__ = [
     "WORKER_TERMINATING",
     "Tier",
     "bearer_header",
+    "bearer_header_bytes",
     "handed_back_event",
 ]
 
@@ -156,5 +157,15 @@ BEARER: Final = "Bearer"
 
 
 def bearer_header(token: str | None) -> dict[str, str]:
-    """The headers that carry ``token`` (none without one)."""
-    return {AUTHORIZATION: f"{BEARER} {token}"} if token else {}
+    """The headers that carry ``token`` (none without one), for a client that writes its
+    headers as latin-1 (``http.client``, ``worker_client``): a token travels as its UTF-8
+    bytes, so the value is those bytes as latin-1 text (an ASCII token is unchanged)."""
+    if not token:
+        return {}
+    return {AUTHORIZATION: f"{BEARER} {token}".encode().decode("latin-1")}
+
+
+def bearer_header_bytes(token: str | None) -> dict[bytes, bytes]:
+    """The headers that carry ``token`` as UTF-8 bytes (none without one), for httpx, which
+    takes only ASCII text as a header's value."""
+    return {AUTHORIZATION.encode(): f"{BEARER} {token}".encode()} if token else {}

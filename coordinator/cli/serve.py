@@ -99,7 +99,8 @@ _REPEATED_FLAGS = {
     "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
     "routers": "--router", "router_join": "--no-router-join",
     "group_engine_first": "--no-group-engine-first",
-    "allow_unauthenticated_network": "--allow-unauthenticated-network"}
+    "allow_unauthenticated_network": "--allow-unauthenticated-network",
+    "allowed_hosts": "--allowed-host"}
 """The flags outside ``SERVE_FLAGS`` that name a setting, by field (for refusal messages)."""
 
 
@@ -156,6 +157,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
                        help="serve a non-loopback --host without a token (refused otherwise: "
                        "anyone reaching the port could drain the pod) "
                        f"[env {_env_name('allow_unauthenticated_network')}]")
+    serve.add_argument("--allowed-host", dest="allowed_hosts", action="append", default=None,
+                       metavar="NAME",
+                       help="a name the Host header may carry besides any IP address, "
+                       "localhost and this host's name (repeatable; * for any): others are "
+                       f"answered 421 [env {_env_name('allowed_hosts')}]")
     serve.add_argument("--no-status-cache", dest="status_cache", action="store_const",
                        const=False, default=None, help=argparse.SUPPRESS)
 

@@ -93,6 +93,11 @@ class GroupNode:
                               follower_share=settings.group_follower_share)
         return cls(found, budget, settings, host, token)
 
+    def token_changed(self, token: str) -> None:
+        """The token file changed: the calls to the leader carry the new token."""
+        if self.follower is not None:
+            self.follower.client.set_token(token)
+
     @property
     def drain_budget_s(self) -> float:
         """This member's own drain budget: the leader's is cut to leave the followers

@@ -31,7 +31,7 @@ from tenacity.stop import stop_base
 
 from coordinator.errors import CoordinatorError
 from coordinator.tls import verify_for
-from shutdown_wire import BEARER
+from shutdown_wire import bearer_header_bytes
 
 CONNECT_TIMEOUT_S = 2.0
 """A leader that does not accept a connection within this long is unreachable for now."""
@@ -88,12 +88,15 @@ class LeaderClient:
         # a group (a follower) needs.
         import httpx
 
-        headers = {"Authorization": f"{BEARER} {token}"} if token else {}
         self.leader_url = leader_url
         self._http = httpx.AsyncClient(
-            base_url=leader_url, headers=headers,
+            base_url=leader_url, headers=bearer_header_bytes(token),
             timeout=httpx.Timeout(CALL_TIMEOUT_S, connect=CONNECT_TIMEOUT_S),
             verify=verify_for(leader_url))
+
+    def set_token(self, token: str) -> None:
+        """Carry ``token`` from the next call on (the token file changed)."""
+        self._http.headers.update(bearer_header_bytes(token))
 
     async def close(self) -> None:
         await self._http.aclose()

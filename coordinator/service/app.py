@@ -94,7 +94,7 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.state.coordinator = coordinator
     coordinator.metrics.drain_clock.source = lambda: running_drain(coordinator)
     # The token is checked once, by the request guard, before any body is read.
-    check = TokenCheck(coordinator.posture.token)
+    check = TokenCheck(coordinator.token)
     public = APIRouter(responses=AT_THE_DOOR)
     api = APIRouter(responses=GUARDED)
 
@@ -396,7 +396,8 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.add_middleware(StatusFastPath, coordinator=coordinator, cap_s=settings.long_poll_cap_s)
     # Added last, so it is the outermost: it sees every request first.
     app.add_middleware(RequestGuard, check=check, max_body_bytes=settings.max_body_bytes,
-                       read_timeout_s=settings.read_timeout_s)
+                       read_timeout_s=settings.read_timeout_s,
+                       hosts=coordinator.posture.hosts())
     return app
 
 

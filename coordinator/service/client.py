@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from coordinator.errors import CoordinatorError
-from shutdown_wire import bearer_header
+from shutdown_wire import bearer_header_bytes
 
 LONG_POLL_S = 10.0
 
@@ -33,7 +33,7 @@ class CoordinatorClient:
     """Talks to one coordinator at ``url``."""
 
     def __init__(self, url: str, token: str | None = None, timeout_s: float = 10.0) -> None:
-        headers = bearer_header(token)
+        headers = bearer_header_bytes(token)
         self.url = url.rstrip("/")
         self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers,
                                   timeout=httpx.Timeout(timeout_s, read=LONG_POLL_S + timeout_s))

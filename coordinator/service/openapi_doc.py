@@ -24,6 +24,10 @@ def _answer(description: str) -> dict[str, Any]:
 
 
 AT_THE_DOOR: dict[int | str, dict[str, Any]] = {
+    403: _answer("a browser made the request for another site (Sec-Fetch-Site, Origin); "
+                 "without the token, a caller acting on a process it could not signal"),
+    415: _answer("a web form's body (urlencoded, multipart, text/plain)"),
+    421: _answer("a Host the coordinator does not answer to (--allowed-host)"),
     431: _answer("request head over 64 KiB"),
     503: _answer("too many open connections (max_connections)"),
 }

@@ -15,10 +15,11 @@ naming the flag that fixes it. The refusals, as an error tree::
 from __future__ import annotations
 
 import ipaddress
+import os
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.service import reach
+from coordinator.service import browsers, reach
 from coordinator.settings import ENV_PREFIX, Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -37,6 +38,9 @@ class Posture:
     loopback: bool
     confine_to_pid: int | None
     unauthenticated_network: bool
+    host_names: tuple[str, ...] = ()
+    """The names (beside IP addresses) a request's ``Host`` may carry
+    (``coordinator.service.browsers``)."""
 
     @property
     def auth(self) -> bool:
@@ -59,8 +63,12 @@ class Posture:
             "confine_to_pid": self.confine_to_pid,
             "unauthenticated_network": self.unauthenticated_network,
             "registration": self.registration(),
-            "enforced": reach.rules(self),
+            "hosts": self.hosts().describe(),
+            "enforced": {**reach.rules(self), "browsers": browsers.RULE},
         }
+
+    def hosts(self) -> browsers.HostNames:
+        return browsers.HostNames(self.host_names)
 
     def summary(self) -> str:
         """One log line."""
@@ -124,4 +132,5 @@ def check(settings: Settings) -> Posture:
         loopback=loopback,
         confine_to_pid=settings.confine_to_pid,
         unauthenticated_network=token is None and not loopback,
+        host_names=tuple(browsers.default_names(settings, os.environ)),
     )

@@ -1,8 +1,11 @@
-"""The first thing every request meets: the token, then the body's size and pace, before any
-byte of the body is read or any handler runs.
+"""The first thing every request meets: what a browser may not do, the token, then the body's
+size and pace, before any byte of the body is read or any handler runs.
 
 Steps, for each HTTP request:
 
+    0. a ``Host`` the coordinator does not answer to (421), a request a browser made for
+       another site (``Sec-Fetch-Site``, ``Origin``: 403) or a web form's body (415), on
+       every path, probes included (``coordinator.service.browsers``);
     1. a path that is not a probe (``/healthz``, ``/readyz``, ``/metrics``) without the token
        is answered 401 at once: an unauthenticated caller cannot make the coordinator read,
        parse or hold anything it sent;
@@ -25,6 +28,7 @@ import time
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from coordinator.service.auth import TokenCheck
+from coordinator.service.browsers import BrowserRefusal, HostNames, judge
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 """Probes and metrics: the kubelet and Prometheus call them without a token."""
@@ -44,9 +48,10 @@ class RequestGuard:
     """Pure ASGI middleware; see the module docstring for what it does, in order."""
 
     def __init__(self, app: ASGIApp, check: TokenCheck, max_body_bytes: int,
-                 read_timeout_s: float) -> None:
+                 read_timeout_s: float, hosts: HostNames) -> None:
         self.app = app
         self.check = check
+        self.hosts = hosts
         self.max_body_bytes = max_body_bytes
         self.read_timeout_s = read_timeout_s
 
@@ -70,16 +75,30 @@ class RequestGuard:
 
     def _judge_head(self, scope: Scope) -> bool:
         """Raise ``Refusal`` for a request refused on its head; return whether it has a body."""
-        authorization: str | None = None
+        authorization: bytes | None = None
         length: bytes | None = None
         chunked = False
+        host = origin = fetch_site = content_type = None
         for name, value in scope["headers"]:
             if name == b"authorization":
-                authorization = value.decode("latin-1")
+                authorization = value
             elif name == b"content-length":
                 length = value
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
+            elif name == b"host":
+                host = value
+            elif name == b"origin":
+                origin = value
+            elif name == b"sec-fetch-site":
+                fetch_site = value
+            elif name == b"content-type":
+                content_type = value
+        # Step 0.
+        try:
+            judge(self.hosts, scope["method"], host, origin, fetch_site, content_type)
+        except BrowserRefusal as refusal:
+            raise Refusal(refusal.status, refusal.detail) from None
         if scope["path"] not in PUBLIC_PATHS and not self.check.accepts(authorization):
             raise Refusal(401, "missing or invalid bearer token (Authorization: Bearer <token>)",
                           {"www-authenticate": "Bearer"})

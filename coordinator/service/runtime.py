@@ -37,6 +37,7 @@ from coordinator.group.node import ControllerHost, GroupNode
 from coordinator.kill import adoption, identity
 from coordinator.kill.policy import TierSpec
 from coordinator.service import drain_log, expiry, posture, reach
+from coordinator.service.auth import CHECK_EVERY_S, TokenFile
 from coordinator.service.doorbell import Doorbell
 from coordinator.service.engine_probe import EngineProbe
 from coordinator.service.fleet import WorkerFleet
@@ -66,6 +67,9 @@ class Coordinator:
         # Raises InsecureSettings before anything is built: nothing serves on such settings.
         # ``checked``: what ``serve`` found already (the token file is read once).
         self.posture = checked or posture.check(settings)
+        self.token = TokenFile(self.posture.token, settings.token_file)
+        """The token in force, reread when ``--token-file`` changes."""
+        self._token_watch: asyncio.Task[None] | None = None
         self.instance = uuid.uuid4().hex[:8]
         self.started_at = time.time()
         self.changes = ChangeSignal()
@@ -127,6 +131,7 @@ class Coordinator:
             on_finished=self._finished,
         )
         host.controller = self.controller
+        self.token.listeners.append(self._token_changed)
 
     # --- life cycle ------------------------------------------------------------------------
 
@@ -152,6 +157,8 @@ class Coordinator:
                         paused=lambda: self.machine.phase.killing_or_done)
         await self.writer.flush()  # a path that cannot be written shows in /status at once
         self._sweeper = asyncio.get_running_loop().create_task(expiry.sweep_forever(self))
+        if self.token.path is not None:
+            self._token_watch = asyncio.get_running_loop().create_task(self._watch_token())
 
     async def stop(self) -> None:
         """Close streams, stop the scanner, the sweeper and the drain task, write the state a
@@ -159,9 +166,10 @@ class Coordinator:
         self.notifier.close_all()
         if self.engine_probe is not None:
             self.engine_probe.stop()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            await asyncio.gather(self._sweeper, return_exceptions=True)
+        for task in (self._sweeper, self._token_watch):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await self.scan.stop()
         await self.controller.close()
         if self.group is not None:
@@ -172,6 +180,21 @@ class Coordinator:
         await self.writer.close()
         if self.doorbell is not None:
             self.doorbell.close()
+
+    async def _watch_token(self) -> None:
+        """Look at the token file every second (``coordinator.service.auth``)."""
+        error = self.token.error
+        while True:
+            await asyncio.sleep(CHECK_EVERY_S)
+            self.token.check()
+            if self.token.error != error:  # a reload bumps through its listener
+                error = self.token.error
+                self.bump()
+
+    def _token_changed(self, token: str) -> None:
+        if self.group is not None:
+            self.group.token_changed(token)
+        self.bump()
 
     # --- generation, cache, persistence ----------------------------------------------------
 

@@ -108,7 +108,7 @@ class StatusView:
             "coordinator": {"pid": os.getpid(), "version": __version__,
                             "started_at": c.started_at},
             "state_file": c.state.status(),
-            "security": c.posture.to_status(),
+            "security": {**c.posture.to_status(), "token_file": c.token.status()},
             "settings": c.effective,
             "engine_inflight": ({**c.engine_probe.reading.to_status(),
                                  "root": self.metrics_root()}

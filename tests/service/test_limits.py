@@ -50,7 +50,7 @@ def connection(running: Running) -> Iterator[socket.socket]:
 
 
 def head(method: str, path: str, *lines: str) -> bytes:
-    return (f"{method} {path} HTTP/1.1\r\nhost: x\r\n" + "".join(f"{h}\r\n" for h in lines)
+    return (f"{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n" + "".join(f"{h}\r\n" for h in lines)
             + "\r\n").encode()
 
 

@@ -120,7 +120,13 @@ def test_the_posture_is_logged_and_shown(janitor: ProcessJanitor, tmp_path: Path
     assert security == {
         "auth": True, "host": "127.0.0.1", "loopback": True, "confine_to_pid": 1,
         "unauthenticated_network": False, "registration": security["registration"],
+        "hosts": security["hosts"], "enforced": security["enforced"],
+        "token_file": security["token_file"],
     }
+    assert "any IP address" in security["hosts"]
+    assert "localhost" in security["hosts"]
+    assert security["token_file"]["error"] is None
+    assert set(security["enforced"]) >= {"register", "drain", "worker", "ack", "browsers"}
     assert "descendants of PID 1" in security["registration"]
     assert TOKEN not in str(document)
     log = running.log.read_text()

@@ -45,7 +45,8 @@ def chromium() -> str | None:
 class Browser:
     """One Chromium; ``open`` a page, ``evaluate`` in it, ``screenshot`` it, ``close``."""
 
-    def __init__(self, janitor: ProcessJanitor, profile: Path) -> None:
+    def __init__(self, janitor: ProcessJanitor, profile: Path,
+                 flags: tuple[str, ...] = ()) -> None:
         binary = chromium()
         assert binary is not None, "chromium is not installed (apt-get install chromium)"
         commands_r, self._commands = os.pipe()
@@ -53,7 +54,7 @@ class Browser:
         # bash places the pipes on fds 3 and 4, where Chromium looks for them.
         self.proc = subprocess.Popen(
             ["bash", "-c", f'exec "$0" "$@" 3<&{commands_r} 4>&{answers_w} '
-             f"{commands_r}<&- {answers_w}>&-", binary, *FLAGS,
+             f"{commands_r}<&- {answers_w}>&-", binary, *FLAGS, *flags,
              f"--user-data-dir={profile}", "about:blank"],
             pass_fds=(commands_r, answers_w), stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
@@ -93,6 +94,10 @@ class Browser:
                     return params
             seen = len(self.events)
             self.events.append(self._read())
+
+    def read_event(self) -> None:
+        """Wait for the next message and keep it with the events."""
+        self.events.append(self._read())
 
     def _read(self) -> dict[str, Any]:
         deadline = time.monotonic() + ANSWER_S

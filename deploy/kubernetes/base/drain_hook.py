@@ -104,7 +104,8 @@ def request_drain(url: str, token: str | None, timeout: float | None,
     request = urllib.request.Request(url.rstrip("/") + path, method="GET")
     request.add_header("Accept", "application/json")
     if token:
-        request.add_header("Authorization", f"Bearer {token}")
+        # http.client writes headers as latin-1: these are the token's UTF-8 bytes.
+        request.add_header("Authorization", f"Bearer {token}".encode().decode("latin-1"))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
