@@ -28,12 +28,10 @@ on in the background, and the drain goes on.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
 import stat
-import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -42,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from coordinator.drain.state_schema import STATE_VERSION, StateFileError, validate
+from coordinator.files import replace_file
 
 __all__ = ["STATE_VERSION", "Loaded", "StateFileError", "StateWriter", "load_state",
            "parse_state", "set_aside", "write_atomic"]
@@ -57,25 +56,11 @@ log = logging.getLogger(__name__)
 
 
 def write_atomic(path: Path, document: dict[str, Any]) -> None:
-    """Replace ``path`` with ``document`` (JSON) atomically and durably."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Replace ``path`` with ``document`` (JSON) atomically and durably, readable by its
+    owner alone (``coordinator.files``)."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     data = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_file(path, data, mode=0o600, durable=True)
 
 
 def parse_state(data: bytes, now: float | None = None) -> dict[str, Any]:

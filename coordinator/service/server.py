@@ -34,6 +34,7 @@ import uvicorn
 
 from coordinator import exit_codes, startup_check
 from coordinator.drain.ports import Killer
+from coordinator.files import replace_file
 from coordinator.kill import procfs, safety
 from coordinator.logfmt import logfmt
 from coordinator.service.app import create_app
@@ -172,9 +173,7 @@ def write_port_file(path: Path, host: str, port: int) -> None:
     """Tell whoever started us where we listen (written atomically)."""
     shown = f"[{host}]" if ":" in host else host
     data = {"host": host, "port": port, "url": f"http://{shown}:{port}", "pid": os.getpid()}
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(data).encode())
 
 
 def build_server(settings: Settings, *, kill: Killer | None = None,

@@ -9,8 +9,8 @@ drawn is fixed by one scale (``Scale``, documented in ``coordinator.timeline.sca
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
+from coordinator.files import replace_file
 from coordinator.timeline.page import CSP
 from coordinator.timeline.page import render as render_html
 from coordinator.timeline.scale import Scale
@@ -26,11 +26,6 @@ def write_svg(document: object, path: str | os.PathLike[str]) -> None:
 
 
 def save(text: str, path: str | os.PathLike[str]) -> None:
-    """Write a drawn timeline to ``path``, replaced atomically."""
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(text, encoding="utf-8")
-        temporary.replace(target)
-    finally:
-        temporary.unlink(missing_ok=True)
+    """Write a drawn timeline to ``path``, replaced atomically through a temporary no planted
+    link can redirect (``coordinator.files``)."""
+    replace_file(path, text.encode("utf-8"))
