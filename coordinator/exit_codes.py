@@ -41,9 +41,18 @@ UNVERIFIED = 13
 NOTHING_TO_DRAIN = 14
 """No process was registered or adopted: the drain ended nothing (``kill``: no process to
 end, every target already gone or no pattern matching)."""
+STATE_FILE_LOCKED = 15
+"""``serve``: another coordinator holds the ``--state-file`` (its lock), nothing listens."""
+STATE_FILE_UNSAFE = 16
+"""``serve``: another user could write or replace the ``--state-file`` (or its directory),
+and so choose what a restart signals; nothing listens."""
 INTERRUPTED = 130
 """Interrupted by SIGINT (Ctrl-C): 128 + 2, as a shell reports it. The command said on
 stderr what goes on without it (a drain goes on in the coordinator) and how to stop it."""
+
+NOT_IN_THE_HOOK = frozenset({"USAGE", "INTERRUPTED", "STATE_FILE_LOCKED", "STATE_FILE_UNSAFE"})
+"""Codes the preStop hook's copy leaves out: it takes no command line worth a code, nobody
+presses Ctrl-C on a kubelet's hook, and it serves nothing (``serve``'s refusals)."""
 
 OUTCOME_CODES: dict[str, int] = {
     "graceful": OK,

@@ -192,6 +192,7 @@ def _run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from coordinator import startup_check
+    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
     from coordinator.service import posture
     from coordinator.service.server import serve
     from coordinator.settings import Settings
@@ -214,6 +215,10 @@ def _run(args: argparse.Namespace) -> int:
         return exit_codes.USAGE
     try:
         return serve(settings, checked=checked)
+    except StateFileRefused as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return (exit_codes.STATE_FILE_LOCKED if isinstance(exc, StateFileLocked)
+                else exit_codes.STATE_FILE_UNSAFE)
     except OSError as exc:
         print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
         return exit_codes.USAGE

@@ -2,8 +2,11 @@
 
 The file is one JSON document (``version``, ``phase``, ``generation``, ``timeline``, ``drain``,
 ``last``, ``workers``, ``migrations``), replaced atomically: written to a temporary file in
-the same directory, fsynced, renamed over the old one, and the directory fsynced. A reader
-therefore sees the old document or the new one, never a torn one.
+the same directory (``coordinator.files``: no planted link is followed), fsynced, renamed over
+the old one, and the directory fsynced. A reader therefore sees the old document or the new
+one, never a torn one. It is never larger than the reader accepts: what a resumed drain can
+do without is left out first, and said (``state_bounds``; ``dropped`` in the document and in
+``/status``).
 
 Reading (``load_state``) never fails and never hands back part of a document: a file that is
 not a regular file, not UTF-8, not JSON, or not a whole valid document
@@ -39,14 +42,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from coordinator.drain.state_bounds import MAX_STATE_BYTES, fit
 from coordinator.drain.state_schema import STATE_VERSION, StateFileError, validate
 from coordinator.files import replace_file
 
-__all__ = ["STATE_VERSION", "Loaded", "StateFileError", "StateWriter", "load_state",
-           "parse_state", "set_aside", "write_atomic"]
+__all__ = ["MAX_STATE_BYTES", "STATE_VERSION", "Loaded", "StateFileError", "StateWriter",
+           "load_state", "parse_state", "set_aside", "write_atomic"]
 
-MAX_STATE_BYTES = 16 * 2**20
-"""A state file larger than this is corrupt (a pod's document is a few hundred KB)."""
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 10.0
 FLUSH_TIMEOUT_S = 2.0
@@ -55,12 +57,15 @@ FLUSH_TIMEOUT_S = 2.0
 log = logging.getLogger(__name__)
 
 
-def write_atomic(path: Path, document: dict[str, Any]) -> None:
+def write_atomic(path: Path, document: dict[str, Any]) -> dict[str, int]:
     """Replace ``path`` with ``document`` (JSON) atomically and durably, readable by its
-    owner alone (``coordinator.files``)."""
+    owner alone (``coordinator.files``), never larger than the reader accepts
+    (``state_bounds.fit``); returns what was dropped to make it fit (empty: nothing).
+    ``StateTooLarge`` (the file is left as it was) when it cannot fit."""
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    data = json.dumps(document, separators=(",", ":"), allow_nan=False).encode()
+    data, dropped = fit(document)
     replace_file(path, data, mode=0o600, durable=True)
+    return dropped
 
 
 def parse_state(data: bytes, now: float | None = None) -> dict[str, Any]:
@@ -154,7 +159,7 @@ class StateWriter:
         snapshot: Callable[[], dict[str, Any]],
         *,
         on_result: Callable[[bool], None] | None = None,
-        write: Callable[[Path, dict[str, Any]], None] = write_atomic,
+        write: Callable[[Path, dict[str, Any]], dict[str, int] | None] = write_atomic,
         flush_timeout_s: float = FLUSH_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -180,13 +185,15 @@ class StateWriter:
         self.last_write_at: float | None = None
         self.last_error: str | None = None
         self.last_error_at: float | None = None
+        self.dropped: dict[str, int] = {}
+        """What the last write left out to fit what the reader accepts (``state_bounds``)."""
 
     def status(self) -> dict[str, Any]:
         """How the writes went, for ``/status``."""
         return {"path": str(self.path) if self.path is not None else None,
                 "ok": not self.failing, "writes": self.writes, "failures": self.failures,
                 "last_write_at": self.last_write_at, "last_error": self.last_error,
-                "last_error_at": self.last_error_at}
+                "last_error_at": self.last_error_at, "dropped": dict(self.dropped)}
 
     def mark_dirty(self) -> None:
         """Note a change; one write of the latest state follows soon (off the event loop)."""
@@ -248,7 +255,7 @@ class StateWriter:
             self._dirty = False
             try:
                 document = {"version": STATE_VERSION, **self._snapshot()}
-                await asyncio.to_thread(self._write, self.path, document)
+                dropped = await asyncio.to_thread(self._write, self.path, document) or {}
             except asyncio.CancelledError:
                 self._dirty = True
                 raise
@@ -256,10 +263,18 @@ class StateWriter:
                 self._dirty = True
                 self._failed(exc)
                 return False
-            self._succeeded()
+            self._succeeded(dropped)
             return True
 
-    def _succeeded(self) -> None:
+    def _succeeded(self, dropped: dict[str, int]) -> None:
+        if dropped.keys() != self.dropped.keys():
+            if dropped:
+                log.warning("state file %s: the document was larger than its reader accepts; "
+                            "left out to fit: %s", self.path,
+                            ", ".join(f"{k} {v}" for k, v in dropped.items()))
+            else:
+                log.info("state file %s: written whole again", self.path)
+        self.dropped = dropped
         recovered = self.failing
         self.writes += 1
         self.last_write_at = self._clock()

@@ -67,11 +67,16 @@ def depth_tier_name(depth: int) -> str:
 
 
 def matches(spec: TierSpec, member: Member) -> bool:
-    """True when ``member`` belongs to ``spec`` by role or by pattern."""
+    """True when ``member`` belongs to ``spec`` by role or by pattern. A pattern RE2 does
+    not accept (one restored from a state file that was edited, or written by another RE2)
+    matches nothing: its processes are stopped in the default order, never left alone."""
     if member.role is not None and member.role in spec.roles:
         return True
     if spec.pattern is not None:
-        return patterns.search(spec.pattern, f"{member.name} {member.cmdline}")
+        try:
+            return patterns.search(spec.pattern, f"{member.name} {member.cmdline}")
+        except patterns.PatternError:
+            return False
     return False
 
 

@@ -52,6 +52,7 @@ class StateKeeper:
         self.coordinator = coordinator
         self.writer = StateWriter(path, self.snapshot, on_result=self._written)
         self._write_ok = True
+        self._dropped: set[str] = set()
         self.loaded: dict[str, Any] = {"result": "none", "phase": None, "problem": None,
                                        "moved_to": None}
         """What the file held at start-up: ``result`` is ``none`` (no file, or none
@@ -82,10 +83,13 @@ class StateKeeper:
     def _written(self, ok: bool) -> None:
         metrics = self.coordinator.metrics
         (metrics.state_writes if ok else metrics.state_write_failures).inc()
-        if ok != self._write_ok:
-            # Failing, or writing again: /status shows it from the next generation. (Each
-            # write is not a change: it would wake every long-poll.)
+        dropped = set(self.writer.dropped)
+        if ok != self._write_ok or dropped != self._dropped:
+            # Failing, writing again, or leaving out something else to fit: /status shows it
+            # from the next generation. (Each write is not a change: it would wake every
+            # long-poll.)
             self._write_ok = ok
+            self._dropped = dropped
             self.coordinator.bump()
 
     async def load(self, path: Path) -> None:
@@ -108,6 +112,13 @@ class StateKeeper:
             return
         self.coordinator.apply_restored(state)
         self.loaded.update(result="restored", phase=state.phase.value)
+        if loaded.document is not None and isinstance(loaded.document.get("dropped"), dict):
+            # The writer left these out to fit what a reader accepts (state_bounds).
+            self.loaded["dropped"] = dict(loaded.document["dropped"])
+        if state.notes:
+            self.loaded["notes"] = list(state.notes)
+            for note in state.notes:
+                log.warning("state file %s: %s", path, note)
         if state.phase is Phase.DONE and state.drain is not None:
             running = await asyncio.to_thread(still_running, state.drain)
             running += self._workers_alive(running)

@@ -9,13 +9,13 @@ tells which processes a finished drain left behind still exist (same PID and sta
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from coordinator.drain.phases import Phase, Transition
 from coordinator.drain.record import DrainRecord
 from coordinator.group.node import check_record
-from coordinator.kill import procfs
+from coordinator.kill import patterns, procfs
 from coordinator.kill.identity import same_start
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service.migrations import MigrationBook
@@ -37,6 +37,8 @@ class RestoredState:
     """The drain before it (shown as ``last_drain``)."""
     group: dict[str, Any] | None = None
     """This pod's part in a group drain (``coordinator.group``), when it is in a group."""
+    notes: list[str] = field(default_factory=list)
+    """What was repaired on the way in (a tier pattern that does not compile, dropped)."""
 
 
 def build(document: dict[str, Any]) -> RestoredState:
@@ -49,16 +51,38 @@ def build(document: dict[str, Any]) -> RestoredState:
     last = document.get("last")
     group = document.get("group")
     check_record(group)
+    notes: list[str] = []
+    workers = [_usable_tiers(Worker.from_record(w), notes) for w in document["workers"]]
     return RestoredState(
         phase=phase,
         generation=int(document["generation"]),
         timeline=[Transition.from_dict(t) for t in document["timeline"]],
-        workers=[Worker.from_record(w) for w in document["workers"]],
+        workers=workers,
         migrations=migrations,
         drain=DrainRecord.from_record(drain) if drain is not None else None,
         last=DrainRecord.from_record(last) if last is not None else None,
         group=group,
+        notes=notes,
     )
+
+
+def _usable_tiers(worker: Worker, notes: list[str]) -> Worker:
+    """``worker`` with every tier pattern RE2 accepts; one that it does not is dropped from
+    its tier (which then holds what its roles name: the rest is stopped in the default
+    order), and ``notes`` says so. A pattern the registration's check once passed can still
+    fail here (an edited file, another RE2), and must not stop the kill."""
+    usable = []
+    for tier in worker.tiers:
+        if tier.pattern is not None:
+            try:
+                patterns.compile_pattern(tier.pattern)
+            except patterns.PatternError as exc:
+                notes.append(f"worker {worker.id} (pid {worker.pid}): tier {tier.name!r} "
+                             f"dropped its pattern: {exc}")
+                tier = replace(tier, pattern=None)
+        usable.append(tier)
+    worker.tiers = tuple(usable)
+    return worker
 
 
 def is_running(pid: int, start_time: float | None) -> bool:

@@ -33,6 +33,7 @@ from types import FrameType
 import uvicorn
 
 from coordinator import exit_codes, startup_check
+from coordinator.drain import state_claim
 from coordinator.drain.ports import Killer
 from coordinator.files import replace_file
 from coordinator.kill import procfs, safety
@@ -206,6 +207,9 @@ def serve(settings: Settings, *, kill: Killer | None = None,
     # that runs out of descriptors falls back on these readings.
     safety.protected_pids()
     procfs.boot_time()
+    # The state file is this process's before anything reads it or listens (StateFileRefused
+    # otherwise: another coordinator holds it, or another user could write it).
+    claimed = state_claim.claim(settings.state_file) if settings.state_file else None
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     server = build_server(settings, kill=kill, checked=checked)
@@ -219,6 +223,8 @@ def serve(settings: Settings, *, kill: Killer | None = None,
         write_port_file(settings.port_file, settings.host, port)
     print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)
     server.run(sockets=[sock])
+    if claimed is not None:
+        claimed.release()
     if server.stop_signals[:1] == [signal.SIGINT]:
         return exit_codes.INTERRUPTED
     return exit_codes.OK if server.started or server.stop_signals else 1

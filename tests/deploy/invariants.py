@@ -208,6 +208,10 @@ def check_writable_paths(r: Rendered) -> None:
     volume = r.volume_at(r.coordinator, state)
     assert volume is not None, f"{state} not on an emptyDir"
     assert "emptyDir" in volume, f"{state} not on an emptyDir"
+    # An emptyDir's root is mode 2777: a state file there would be refused (another user
+    # could replace it), so it sits in a directory the coordinator makes (0700).
+    mounts = {m["mountPath"].rstrip("/") for m in r.coordinator.get("volumeMounts") or []}
+    assert str(Path(state).parent) not in mounts, f"{state} lies in an emptyDir's own root"
     tmp = r.volume_at(r.coordinator, "/tmp/x")
     assert tmp is not None
     assert "emptyDir" in tmp
