@@ -6,9 +6,15 @@ a connection that never sends a request, or sends its head a byte at a time, is 
 held for as long as the client likes, and an endless head grows in memory. So, per
 connection:
 
-    1. past ``max_connections`` open connections a new one is answered 503 and closed (the
-       probes and the preStop hook of a pod under such a flood still find room as others time
-       out: the cap only bounds memory and fds);
+    1. past ``max_connections`` open connections, the connection that has waited longest
+       without giving a whole request (first one that never sent a byte, then one whose head
+       is still coming, then one whose body is) is closed to make room for the new one; only
+       when every connection carries a request being answered (long-polls, event streams, a
+       waiting ``GET /drain``) is the new one answered 503 and closed. A flood of clients
+       that connect and send nothing, reconnecting as soon as they are closed, so never
+       locks out the kubelet: its probe or ``GET /drain`` is the newest connection and sends
+       its head at once, and is answered before the flood's ``max_connections`` newer
+       connections could push it out;
     2. each request's head (request line and headers) must arrive whole within
        ``head_timeout_s`` of the connection opening or the previous response ending, else the
        connection is closed;
@@ -28,6 +34,7 @@ per connection, not once per request.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from typing import Any
 
 from uvicorn.config import Config
@@ -64,8 +71,17 @@ class LingeringTransport:
         return getattr(self.raw, name)
 
 
+IDLE, HEAD, BODY = 0, 1, 2
+"""What a connection without a whole request waits for, in the order they give way (step 1):
+its request's first byte, the rest of its head, the rest of its body."""
+
+
 def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the bounds above (pass it as ``Config(http=...)``)."""
+
+    waiting: tuple[OrderedDict[Any, None], ...] = (OrderedDict(), OrderedDict(), OrderedDict())
+    """The connections without a whole request, by what they wait for, each oldest first
+    (shared by every connection of one server)."""
 
     class GuardedHttpProtocol(HttpToolsProtocol):
         def __init__(self, config: Config, server_state: ServerState,
@@ -80,17 +96,47 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
             self.lingering = False
             self.dropped = 0
             self.peer = PeerCache()
+            self.rank: int | None = None
+            """Which of ``waiting`` holds this connection (None: none)."""
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self.raw = transport
             super().connection_made(LingeringTransport(transport, self._linger))  # type: ignore[arg-type]
             # Step 1.
-            if len(self.connections) > max_connections:
+            if len(self.connections) > max_connections and not self._evict_one():
                 self._refuse(503, b"too many connections (max_connections)")
                 return
+            self._wait_for(IDLE)
             self._arm_head_timer()
 
+        def _wait_for(self, rank: int | None) -> None:
+            """Move this connection to ``waiting[rank]`` (its newest), or out of them."""
+            if self.rank is not None:
+                waiting[self.rank].pop(self, None)
+            self.rank = rank
+            if rank is not None:
+                waiting[rank][self] = None
+
+        def _evict_one(self) -> bool:
+            """Close the connection that has waited longest without a whole request; False
+            when there is none."""
+            for queue in waiting:
+                for victim in queue:
+                    if victim is not self:
+                        victim.evict()
+                        return True
+            return False
+
+        def evict(self) -> None:
+            """Closed to make room (step 1): at once, nothing of it is worth an answer."""
+            self._wait_for(None)
+            self._disarm_head_timer()
+            self.in_head = False
+            if self.raw is not None and not self.raw.is_closing():
+                self.raw.close()
+
         def connection_lost(self, exc: Exception | None) -> None:
+            self._wait_for(None)
             self._disarm_head_timer()
             if self.linger_timer is not None:  # the client closed first: nothing to drop
                 self.linger_timer.cancel()
@@ -114,17 +160,31 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self.scope[SCOPE_KEY] = self.peer  # type: ignore[literal-required]
+            if self._answered():
+                self._wait_for(HEAD)
 
         def on_headers_complete(self) -> None:
             self._disarm_head_timer()
             self.in_head, self.head_bytes = False, 0
+            if self._answered():
+                self._wait_for(BODY)
             super().on_headers_complete()
+
+        def _answered(self) -> bool:
+            """No request of this connection is being answered (a pipelined one's head may
+            come meanwhile: the connection is not evicted from under that answer)."""
+            return self.cycle is None or self.cycle.response_complete
+
+        def on_message_complete(self) -> None:
+            self._wait_for(None)  # a whole request: it is answered, never evicted
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             pipelined = bool(self.pipeline)  # the next request's head is in already
             super().on_response_complete()
             if not pipelined and not self.transport.is_closing():
                 self.in_head, self.head_bytes = True, 0
+                self._wait_for(IDLE)
                 self._arm_head_timer()
 
         # Step 2.
@@ -154,6 +214,7 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
             self._disarm_head_timer()
             receiving = receiving or (self.head_bytes > 0 if self.in_head else bool(
                 self.cycle is not None and self.cycle.more_body))
+            self._wait_for(None)
             if not receiving:
                 raw.close()  # nothing unread can be on its way: no reset to fear
                 return
@@ -171,6 +232,7 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
                 self.raw.close()
 
         def _refuse(self, status: int, reason: bytes) -> None:
+            self._wait_for(None)
             self._disarm_head_timer()
             self.in_head = False
             line = b"HTTP/1.1 %d %s\r\n" % (status, reason.split(b" (")[0].capitalize())

@@ -199,29 +199,66 @@ def test_a_head_without_end_is_refused(janitor: ProcessJanitor, tmp_path: Path) 
     assert status == 431
 
 
-def test_connections_past_the_cap_are_refused_and_room_comes_back(
+def test_connections_past_the_cap_make_room_or_are_refused_and_room_comes_back(
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
-    """1. ``--max-connections 16``; 2. open connections until one is answered 503; it is
-    the 17th at most; 3. once those are closed, ``/healthz`` and ``/status`` answer."""
+    """1. ``--max-connections 16``; 2. 17 connections that send nothing: the one that has
+    waited longest is closed to make room (no answer), the 16 others stay open;
+    3. with those closed, 16 long-polls (whole requests being answered) and one connection
+    more: that one is answered 503 naming the limit, and no long-poll is closed;
+    4. once those are closed, ``/healthz`` and ``/status`` answer."""
     running = start_coordinator(janitor, tmp_path, "--max-connections", "16",
-                                "--read-timeout", "60", token=TOKEN)
+                                "--read-timeout", "60", "--long-poll-cap", "120", token=TOKEN)
     url = urlsplit(running.url)
-    held = [socket.create_connection((url.hostname, url.port), timeout=60) for _ in range(17)]
+    address = (url.hostname, url.port)
+    held = [socket.create_connection(address, timeout=60)]
+    wait_for(lambda: _server_ends(url.port) == 1 or None, what="the first connection")
+    held += [socket.create_connection(address, timeout=60) for _ in range(16)]
     try:
-        poller = select.poll()
-        for sock in held:
-            poller.register(sock, select.POLLIN)
-        ready = poller.poll(60_000)
-        assert ready, "17 connections held open past a cap of 16"
-        by_fd = {sock.fileno(): sock for sock in held}
-        refused = [by_fd[fd].recv(65536) for fd, _ in ready]
-        assert all(answer.startswith(b"HTTP/1.1 503") for answer in refused), refused
-        assert all(b"max_connections" in answer for answer in refused)
+        assert closed_by_server(held[0])
+        assert not any(readable(sock, 0.5) for sock in held[1:])
     finally:
         for sock in held:
             sock.close()
+    generation = running.status()["generation"]
+    polls = [socket.create_connection(address, timeout=120) for _ in range(16)]
+    try:
+        for sock in polls:
+            sock.sendall(head("GET", f"/status?wait=120&since={generation}",
+                              f"authorization: Bearer {TOKEN}"))
+        wait_for(lambda: (_server_ends(url.port) == 16 and _unread(url.port) == 0) or None,
+                 what="16 long-polls read whole")
+        with connection(running) as extra:
+            status, body = read_response(extra)
+        assert status == 503
+        assert body is not None
+        assert "max_connections" in str(body["detail"])
+        assert not any(readable(sock, 0.5) for sock in polls)
+    finally:
+        for sock in polls:
+            sock.close()
     assert wait_for(lambda: _answers(running), what="room for a connection again")
+
+
+def _server_ends(port: int | None) -> int:
+    """The coordinator's established connections on ``port`` (``/proc/net/tcp``)."""
+    return sum(1 for local, state, _ in _table() if local == port and state == 1)
+
+
+def _unread(port: int | None) -> int:
+    """Bytes the coordinator has not read yet on its connections on ``port``."""
+    return sum(unread for local, state, unread in _table() if local == port and state == 1)
+
+
+def _table() -> list[tuple[int, int, int]]:
+    rows = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                rows.append((int(fields[1].rsplit(":", 1)[1], 16), int(fields[3], 16),
+                             int(fields[4].split(":")[1], 16)))
+    return rows
 
 
 def _answers(running: Running) -> bool | None:
