@@ -45,6 +45,8 @@ def http_url(text: str) -> str:
     """``text`` without a trailing slash; ``ValueError`` unless it is an http(s) URL with a
     host."""
     url = text.strip().rstrip("/")
+    if any(c.isspace() or not c.isprintable() for c in url):
+        raise ValueError(f"{text!r} holds a control character or whitespace (CR, LF, ...)")
     try:
         parts = urlsplit(url)
         parts.port  # noqa: B018  (raises ValueError on a port out of range)

@@ -256,6 +256,8 @@ class Settings(BaseModel):
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith(("http://", "https://")):
             raise ValueError(f"{value!r} is not an http:// or https:// URL")
+        if value is not None and any(c.isspace() or not c.isprintable() for c in value):
+            raise ValueError(f"{value!r} holds a control character or whitespace (CR, LF, ...)")
         return value
 
     @field_validator("group_leader", "group_url")

@@ -7,6 +7,7 @@ from typing import Any
 import httpx
 
 from coordinator.errors import CoordinatorError
+from coordinator.service.render import shown
 from shutdown_wire import bearer_header_bytes
 
 LONG_POLL_S = 10.0
@@ -103,10 +104,12 @@ class CoordinatorClient:
 
 
 def _detail(response: httpx.Response) -> str:
+    """An error answer's ``detail``, as a terminal may print it (``render.shown``: it may
+    quote a process's name or command line)."""
     try:
         data = response.json()
     except ValueError:
-        return response.text[:200]
+        return shown(response.text[:200])
     if isinstance(data, dict) and "detail" in data:
-        return str(data["detail"])
-    return str(data)[:200]
+        return shown(str(data["detail"]))
+    return shown(str(data)[:200])

@@ -26,6 +26,7 @@ from coordinator.group.summary import MODE_GROUP, MODE_LOCAL, PodReport
 from coordinator.kill.report import Fate
 from coordinator.service import reach
 from coordinator.service.fast_status import long_poll
+from coordinator.service.models import Url
 from coordinator.service.runtime import Coordinator
 
 MAX_PROCESSES = 100_000
@@ -37,14 +38,16 @@ Text = Annotated[str, Field(max_length=1000)]
 
 
 class Body(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+    """Strict JSON types, finite floats (``coordinator.service.models``)."""
+
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore", strict=True)
 
 
 class MemberAnnounce(Body):
     """``POST /group/members``."""
 
     index: Index
-    url: Annotated[str, Field(max_length=2048, pattern=r"^https?://")] | None = None
+    url: Annotated[Url, Field(pattern=r"^https?://")] | None = None
 
 
 class ProcessFate(Body):

@@ -5,12 +5,18 @@ lists by count, numbers by range and finite (``NaN``, ``Infinity`` and overflowi
 such as ``1e309`` are refused). A handoff's free-form ``detail`` is bounded in nesting depth
 and serialized size and may hold only finite numbers, so whatever a worker stores renders as
 strict JSON in ``/status`` and in the state file.
+
+Every field is also of its JSON type, strictly: ``"10"`` is no number, ``"no"`` and ``1``
+are no booleans, ``true`` is no PID (an integer is still a number). And a URL holds no
+control character or space: a CR/LF in one would split a log line or a header it is
+written into.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import signal
 from typing import Annotated, Any, Literal
 
@@ -99,10 +105,21 @@ Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Detail = Annotated[str | dict[str, Any] | None, AfterValidator(_check_detail)]
 
 
-class RequestBody(BaseModel):
-    """Base of every request body: floats must be finite."""
+def _url_text(value: str | None) -> str | None:
+    """Refuse a URL holding a control character (CR, LF, ...) or whitespace."""
+    if value is not None and URL_REFUSED.search(value):
+        raise ValueError("a URL may hold no control character (CR, LF, ...) or whitespace")
+    return value
 
-    model_config = ConfigDict(allow_inf_nan=False)
+
+URL_REFUSED = re.compile(r"[\x00-\x20\x7f-\x9f\s]")
+Url = Annotated[str, Field(max_length=2048), AfterValidator(_url_text)]
+
+
+class RequestBody(BaseModel):
+    """Base of every request body: strict JSON types, floats finite."""
+
+    model_config = ConfigDict(allow_inf_nan=False, strict=True)
 
 
 class DrainRequest(RequestBody):
@@ -160,7 +177,7 @@ class RegisterRequest(RequestBody):
 
     pid: int = Field(ge=1, le=MAX_PID)
     role: Label = "worker"
-    url: Annotated[str, Field(max_length=2048)] | None = None
+    url: Url | None = None
     name: Annotated[str, Field(max_length=256)] | None = None
     start_time: Epoch | None = None
     """Epoch seconds; when given it must match the live process (PID reuse guard)."""

@@ -6,8 +6,10 @@ sent. So every string goes through ``text`` before it reaches the page, and ever
 through ``number`` or ``integer``; nothing from the document is ever written raw.
 
 - ``text``: characters XML 1.0 forbids (controls, lone surrogates, U+FFFE/U+FFFF) are
-  replaced by U+FFFD, the string is cut to a length, and ``& < > " '`` are escaped, so the
-  result is safe as element text and as a quoted attribute value, in HTML and in SVG.
+  replaced by U+FFFD, bidirectional controls (U+202E RIGHT-TO-LEFT OVERRIDE and the like,
+  which make a name read backwards) are shown as their escape (``\u202e``), the string is
+  cut to a length, and ``& < > " '`` are escaped, so the result is safe as element text and
+  as a quoted attribute value, in HTML and in SVG.
 - ``number``: a finite float, or None for anything else (strings, booleans, NaN, infinity).
 """
 
@@ -21,6 +23,14 @@ from datetime import UTC, datetime
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff\ufffe\uffff]")
 """What XML 1.0 does not allow in a document (and C0/DEL controls, which it discourages)."""
 ELLIPSIS = "…"
+BIDI_CONTROLS = re.compile("[\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+"""Characters that reorder the text around them: drawn raw, ``evil\u202egnp.exe`` reads as
+``evilexe.png``. Shown as their escape instead."""
+
+
+def escape_bidi(text: str) -> str:
+    """``text`` with every bidirectional control shown as its escape (``\u202e``)."""
+    return BIDI_CONTROLS.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
 
 
 def plain(value: object, limit: int = 200) -> str:
@@ -31,7 +41,7 @@ def plain(value: object, limit: int = 200) -> str:
     string = value if isinstance(value, str) else str(value)
     if len(string) > limit:
         string = string[:max(limit - 1, 0)] + ELLIPSIS
-    return _NOT_XML.sub("\ufffd", string)
+    return escape_bidi(_NOT_XML.sub("\ufffd", string))
 
 
 def text(value: object, limit: int = 200) -> str:
