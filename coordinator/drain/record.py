@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from coordinator.drain.budget import BudgetSplit, Deadlines, anchor
+from coordinator.kill.membership import escapes
 from coordinator.kill.report import ProcessOutcome
 
 OutcomeKey = tuple[int, float | None]
@@ -82,11 +83,14 @@ class DrainRecord:
             "errors": list(self.errors),
             "ended_at": self.ended_at,
             "force": self.force,
+            "escapes": escapes((self.kill or {}).get("unwatched_roots") or []),
         }
 
     def to_record(self) -> dict[str, Any]:
+        status = self.to_status()
+        del status["escapes"]  # derived from ``kill``, which the record keeps
         return {
-            **self.to_status(),
+            **status,
             "expired_before": self.expired_before,
             "min_drain_s": self.split.min_drain_s,
             "kill": self.kill,

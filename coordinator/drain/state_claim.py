@@ -16,6 +16,11 @@ restarted coordinator kills. ``claim(path)``, as steps:
        it at any exit, SIGKILL included); the lock file is never removed (removing it would
        let two processes each lock a different file).
 
+A path that cannot be used at all (its directory is a file, a read-only filesystem) is no
+refusal: the coordinator serves without a lock (``Claim.problem`` says why) and shows its
+failing writes, as a state file never traps it; it only refuses what someone else holds or
+could write.
+
 Both refusals are ``StateFileRefused`` (an ``OSError``); ``serve`` exits with the named codes
 ``STATE_FILE_LOCKED`` and ``STATE_FILE_UNSAFE``. Without them, two coordinators ran the same
 kill (a process got SIGTERM twice, two summaries disagreed), and a file in a world-writable
@@ -55,21 +60,30 @@ class Claim:
     """The held lock of one state file (kept open for the life of the process)."""
 
     path: Path
-    fd: int
+    fd: int | None
+    problem: str | None = None
+    """Why the file is not locked (its path cannot be used); None when it is."""
 
     def release(self) -> None:
         """Unlock (only for a coordinator that stops and lives on, as in tests)."""
-        with contextlib.suppress(OSError):
-            os.close(self.fd)
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
 
 
 def claim(path: Path, *, wait_s: float = LOCK_WAIT_S) -> Claim:
     """Check ``path`` and lock it for this process (see the module docstring)."""
     # Step 1.
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        directory = path.parent.resolve()
+        info = os.stat(directory)
+    except OSError as exc:
+        return Claim(path, None, f"its directory cannot be used ({exc.strerror or exc})")
+    if not stat.S_ISDIR(info.st_mode):
+        return Claim(path, None, "its directory is not a directory")
     # Step 2.
-    directory = path.parent.resolve()
-    check_owner(directory, os.stat(directory), "the state file's directory")
+    check_owner(directory, info, "the state file's directory")
     try:
         info = os.lstat(path)
     except FileNotFoundError:
@@ -88,7 +102,7 @@ def claim(path: Path, *, wait_s: float = LOCK_WAIT_S) -> Claim:
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise StateFileUnsafe(f"{lock} is a symbolic link: remove it") from exc
-        raise
+        return Claim(path, None, f"{lock} cannot be made ({exc.strerror or exc})")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

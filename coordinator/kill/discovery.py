@@ -216,6 +216,15 @@ class TreeDiscovery:
         out.detail = f"{why}; {out.detail}" if out.detail else why
         self.publish(out)
 
+    def unwatched_roots(self) -> list[int]:
+        """The roots whose unit was looked at and found unusable (no cgroup or mount
+        namespace of their own): a process that daemonized out of their trees could not be
+        found. Empty when no unit was looked at."""
+        units = self.__dict__.get("_units")
+        if units is None:
+            return []
+        return sorted(pid for pid in units.seen if pid not in units.roots)
+
     @cached_property
     def _units(self) -> membership.Units:
         """The roots' units (cgroup, mount namespace) and what is never adopted through them."""

@@ -199,6 +199,7 @@ class KillRun:
             self.table.finish([*prior_only, *listed])
             self.report.processes = self.table.outcomes
             self.report.notes += self.table.notes
+            self.report.unwatched_roots = self.table.unwatched_roots()
             self.report.ended_at = time.time()
         return self.report
 

@@ -31,6 +31,23 @@ HIERARCHIES = (V2, "name=systemd", "pids")
 """Hierarchies a unit may be told by, in order of preference."""
 
 
+UNWATCHED = ("no cgroup or mount namespace of its own (a plain host): a process that leaves its "
+             "tree by setsid once its parent exited (a daemon) cannot be found, and is neither "
+             "listed nor stopped. Give the engine a unit of its own: its own systemd service "
+             "(KillMode=control-group), or a container")
+
+
+def escapes(unwatched: list[int]) -> dict[str, object] | None:
+    """What ``/status`` and a drain's summary say of roots whose escapes could not be
+    watched for; None when there are none."""
+    if not unwatched:
+        return None
+    shown = ", ".join(str(pid) for pid in unwatched[:20])
+    more = f" and {len(unwatched) - 20} more" if len(unwatched) > 20 else ""
+    return {"watched": False, "unwatched_roots": list(unwatched),
+            "detail": f"pid {shown}{more}: {UNWATCHED}"}
+
+
 @dataclass(frozen=True, slots=True)
 class Placement:
     """Where a process sits: its cgroup in each hierarchy, its mount namespace."""

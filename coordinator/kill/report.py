@@ -95,6 +95,9 @@ class KillReport:
     """Where exit codes come from: ``waitid+pidfd_info``, ``waitid`` or ``unavailable``."""
     processes: list[ProcessOutcome] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    unwatched_roots: list[int] = field(default_factory=list)
+    """Roots with no cgroup or mount namespace of their own (a plain host): what daemonized
+    out of their trees could not be looked for (``coordinator.kill.membership``)."""
 
     @property
     def graceful(self) -> bool:
@@ -118,4 +121,5 @@ class KillReport:
             "counts": self.counts(),
             "processes": [p.to_dict() for p in self.processes],
             "notes": list(self.notes),
+            "unwatched_roots": list(self.unwatched_roots),
         }

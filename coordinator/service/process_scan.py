@@ -85,6 +85,8 @@ class Listing:
     """Processes that left a live root's tree and only an earlier listing knows (not its
     session, group or unit, which the kill looks through itself), with their descendants."""
     facts: dict[int, RootFacts] = field(default_factory=dict)
+    unwatched: list[int] = field(default_factory=list)
+    """Live roots with no cgroup or mount namespace of their own (``membership.UNWATCHED``)."""
 
 
 def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
@@ -132,6 +134,7 @@ def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
                 listing.facts[pid] = RootFacts(units.roots[pid],
                                                frozenset(membership.ancestors(pid, snap)),
                                                snap[pid].sid)
+    listing.unwatched = sorted(pid for pid in live_pids if pid not in units.roots)
     gone = {pid for pid in exited if pid not in live_pids}
     for pid in gone & facts.keys():
         f = listing.facts[pid] = facts[pid]
@@ -184,6 +187,8 @@ class ProcessScan:
         """What was last listed under each exited root when it exited (by PID): a later scan
         no longer lists the ones that died with it, yet the drain must report them."""
         self._facts: dict[int, RootFacts] = {}
+        self.unwatched: list[int] = []
+        """Live roots whose escapes cannot be watched for, as last listed."""
         self.reach: dict[int, int] = {}
         """Roots registered without the token by a non-root UID, PID → that UID: their
         listings hold only what it could signal."""
@@ -201,7 +206,8 @@ class ProcessScan:
                 self._scan, roots, registered, dict(self.scanned), dict(self.exited),
                 dict(self._facts))
             changed = ({f.pid for f in adopted} != {f.pid for f in self.adopted}
-                       or listing.processes.keys() != self.scanned.keys())
+                       or listing.processes.keys() != self.scanned.keys()
+                       or listing.unwatched != self.unwatched)
             # A root whose worker has not been seen to exit yet may be dead already (its
             # exit is noticed on the loop, this scan ran in a thread): what was listed under
             # it is remembered as root_exited would, or it would be listed nowhere.
@@ -213,6 +219,7 @@ class ProcessScan:
             self.adopted = adopted
             self.scanned = listing.processes
             self._facts = listing.facts
+            self.unwatched = listing.unwatched
             if changed:
                 self._on_change()
 

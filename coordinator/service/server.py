@@ -210,6 +210,8 @@ def serve(settings: Settings, *, kill: Killer | None = None,
     # The state file is this process's before anything reads it or listens (StateFileRefused
     # otherwise: another coordinator holds it, or another user could write it).
     claimed = state_claim.claim(settings.state_file) if settings.state_file else None
+    if claimed is not None and claimed.problem is not None:
+        log.warning("state file %s is not locked: %s", settings.state_file, claimed.problem)
     sock = bind(settings.host, settings.port)
     port = sock.getsockname()[1]
     server = build_server(settings, kill=kill, checked=checked)

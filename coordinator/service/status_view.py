@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from coordinator import __version__
 from coordinator.drain.phases import Phase
+from coordinator.kill.membership import escapes
 from coordinator.kill.report import Fate, ProcessOutcome
 from coordinator.service import listener
 from coordinator.service.persistence import TIMELINE_KEPT
@@ -116,6 +117,7 @@ class StatusView:
             "main_handover": {"waiting": controller.handover.waiting,
                               "handed": controller.handover.handed},
             "routers": c.routers.to_status() if c.routers is not None else [],
+            "escapes": escapes(c.scan.unwatched),
         }
         if c.group is not None:
             document["group"] = c.group.to_status()
