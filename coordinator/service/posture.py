@@ -8,8 +8,11 @@ naming the flag that fixes it. The refusals, as an error tree::
     ├── --token-file names a file that cannot be read
     ├── --token-file names an empty or whitespace-only file (auth would be off unnoticed)
     ├── SHUTDOWN_COORDINATOR_TOKEN is set but empty or whitespace
-    └── --host is not a loopback address and no token is configured
-        (allowed only with --allow-unauthenticated-network)
+    ├── --host is not a loopback address and no token is configured
+    │   (allowed only with --allow-unauthenticated-network)
+    └── no token is configured and the host forbids netlink socket diagnostics (a seccomp
+        filter, systemd's RestrictAddressFamilies without AF_NETLINK): callers could not
+        be told apart, and every call that changes something would be refused
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from coordinator.service import browsers, reach
+from coordinator.service import browsers, reach, sock_diag
 from coordinator.settings import ENV_PREFIX, Settings
 
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost"})
@@ -126,6 +129,14 @@ def check(settings: Settings) -> Posture:
             "anyone who can reach the port could drain and kill this pod. Give --token-file, "
             "bind a loopback address, or pass --allow-unauthenticated-network if the network "
             "itself is trusted")
+    if token is None:
+        why = sock_diag.available()
+        if why is not None:
+            raise InsecureSettings(
+                "no token is set, and without one the coordinator holds each caller to what "
+                "it could signal itself, telling callers apart by their sockets' owners "
+                f"(netlink sock_diag), which this host does not allow ({why}): give "
+                "--token-file, or allow AF_NETLINK (systemd: RestrictAddressFamilies)")
     return Posture(
         token=token,
         host=settings.host,

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from coordinator import exit_codes
-from coordinator.service import posture
+from coordinator.service import posture, sock_diag
 from coordinator.settings import Settings
 from tests.service.servers import ROOT, start_coordinator
 from tests.support.processes import ProcessJanitor
@@ -148,3 +148,16 @@ def test_the_schema_needs_the_token_and_no_cdn_pages_are_served(
         assert client.get("/docs").status_code == 404
         assert client.get("/redoc").status_code == 404
 
+
+
+def test_without_a_token_a_host_forbidding_socket_diagnostics_refuses_the_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without a token callers are told apart by their sockets (netlink sock_diag); where the
+    host forbids it (seccomp, systemd's RestrictAddressFamilies) the start is refused in
+    words naming both ways out, and with a token it is not needed."""
+    monkeypatch.setattr(sock_diag, "available",
+                        lambda: "PermissionError: Operation not permitted")
+    with pytest.raises(posture.InsecureSettings, match="--token-file, or allow AF_NETLINK"):
+        posture.check(Settings())
+    assert posture.check(Settings(token="t")).auth
