@@ -121,9 +121,14 @@ class Doorbell:
             # end-of-file (its writer is gone) and take this one from their next hello.
             self.path.unlink()
         os.mkfifo(self.path, MODE)
-        os.chmod(self.path, MODE)  # whatever the umask
-        fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+        # Never through a link put in its place since (in a directory others can write):
+        # opened without following one, checked to be a pipe, its mode set through the fd.
+        fd = os.open(self.path, os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW)
         st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode):
+            os.close(fd)
+            raise FileExistsError(f"{self.path} was replaced by something else than a pipe")
+        os.fchmod(fd, MODE)  # whatever the umask
         self._fd = fd
         self.info = DoorbellInfo(str(self.path), st.st_dev, st.st_ino)
         log.info("doorbell at %s", self.path)

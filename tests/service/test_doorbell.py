@@ -140,3 +140,33 @@ def test_sweep_removes_only_the_pipes_of_dead_coordinators(
     assert live_pipe.exists()
     assert dead_file.exists()
     assert other.exists()
+
+
+def test_a_link_put_in_the_pipes_place_is_never_followed(tmp_path: Path,
+                                                        monkeypatch: Any) -> None:
+    """1. the moment the pipe is made, a symlink to a victim file takes its place (what a
+       user who can write the directory could do); 2. opening the doorbell fails (the
+       coordinator then runs without one); 3. the victim's mode and bytes are untouched."""
+    victim = tmp_path / "victim"
+    victim.write_text("secret")
+    victim.chmod(0o600)
+    path = tmp_path / "doorbell"
+    made = os.mkfifo
+
+    def swapped(target: Any, mode: int = 0o666) -> None:
+        made(target, mode)
+        os.unlink(target)
+        os.symlink(victim, target)
+
+    monkeypatch.setattr(os, "mkfifo", swapped)
+    bell = Doorbell(path)
+    try:
+        bell.open()
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the doorbell opened through a link")
+    finally:
+        bell.close()
+    assert stat.S_IMODE(victim.stat().st_mode) == 0o600
+    assert victim.read_text() == "secret"
