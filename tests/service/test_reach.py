@@ -116,9 +116,11 @@ def test_the_neighbour_changes_nothing_of_roots(janitor: ProcessJanitor, tmp_pat
 
 
 def test_the_neighbour_drains_what_is_its_own(janitor: ProcessJanitor, tmp_path: Path) -> None:
-    """1. a coordinator without a token; the neighbour registers its own sleeper (201), opens
-       its event stream and reports for it (200); 2. the neighbour's POST /drain is served: its
-       sleeper is gone (per /proc), ended by the drain's SIGTERM as the summary says."""
+    """1. a coordinator without a token; the neighbour registers its own sleeper (201) and
+       reports for it (200); 2. the neighbour acknowledges a request before its worker hands
+       it back (a router of its own): the handoff is settled at once, nothing pending;
+    3. the neighbour's POST /drain is served: its sleeper is gone (per /proc), ended by the
+       drain's SIGTERM as the summary says."""
     user = neighbour(janitor)
     running = start_coordinator(janitor, tmp_path, *FAST)
     mine = user.sleeper(service=False)
@@ -127,6 +129,14 @@ def test_the_neighbour_drains_what_is_its_own(janitor: ProcessJanitor, tmp_path:
     worker_id = registered["body"]["id"]
     report = user.call(running.url, "POST", f"/workers/{worker_id}/report", {"inflight": 0})
     assert report["status"] == 200, report
+    early = user.call(running.url, "POST", "/migrations/ack", {"request_ids": ["r-own"]})
+    assert early["body"]["early"] == ["r-own"], early
+    handed = user.call(running.url, "POST", f"/workers/{worker_id}/report", {
+        "inflight": 0, "handoffs": [{"request_id": "r-own", "tokens": 2}]})
+    assert handed["status"] == 200, handed
+    document = running.status()
+    assert document["migrations"] == []
+    assert document["migration_counts"]["acked"] == 1
     drained = user.call(running.url, "POST", "/drain")
     assert drained["status"] == 200, drained
     wait_for(lambda: not alive(mine) or None, what="the neighbour's sleeper ended")
