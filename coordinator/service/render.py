@@ -197,7 +197,7 @@ def status_text(doc: dict[str, Any]) -> str:
         out.append(f"lost        {_requests(lost)} (handed back, expired unacknowledged)")
     watch = (doc.get("drain") or {}).get("escapes") or doc.get("escapes")
     if watch:
-        out.append(f"escapes     not watched for: {watch.get('detail')}")
+        out.append(f"escapes     not watched for: {shown(watch.get('detail'))}")
     engine = doc.get("engine_inflight")
     if engine:
         out.append(f"engine      {shown(_engine_text(engine))}")
