@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator import files
+from coordinator import exit_codes, files
 from coordinator.drain.state_file import write_atomic
 from coordinator.timeline import save
 from tests.service.servers import ROOT, start_coordinator
@@ -85,10 +85,15 @@ def test_the_state_file_is_never_written_through_a_planted_link(tmp_path: Path,
 def test_status_timeline_skips_links_planted_for_the_next_pids(
     janitor: ProcessJanitor, tmp_path: Path, victim: Path
 ) -> None:
-    """1. a coordinator; links planted in a shared directory at ``.out.svg.<pid>.tmp`` for
-       the next 4,000 PIDs; 2. ``shutdown-coordinator status --timeline out.svg`` run there
-       exits 0; 3. ``out.svg`` is the drawing, the victim untouched."""
+    """1. a coordinator that has drained (nothing: a drawing needs a drain); links planted in
+       a shared directory at ``.out.svg.<pid>.tmp`` for the next 4,000 PIDs;
+       2. ``shutdown-coordinator status --timeline out.svg`` run there exits 0; 3. ``out.svg``
+       is the drawing, the victim untouched."""
     running = start_coordinator(janitor, tmp_path)
+    drained = subprocess.run([sys.executable, "-m", "coordinator", "drain", "--url", running.url,
+                              "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                             check=False)
+    assert drained.returncode == exit_codes.NOTHING_TO_DRAIN, drained.stderr
     shared = tmp_path / "shared"
     shared.mkdir()
     last = int(Path("/proc/sys/kernel/ns_last_pid").read_text())
