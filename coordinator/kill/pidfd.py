@@ -27,7 +27,7 @@ import signal
 import struct
 from dataclasses import dataclass
 
-from coordinator.kill import procfs
+from coordinator.kill import procfs, reaped
 
 # From include/uapi/linux/pidfd.h. The struct is extensible: the kernel takes its size from
 # the ioctl number, and VER0 (64 bytes, Linux 6.13) already ends with exit_code since 6.15:
@@ -217,10 +217,14 @@ def reaped_exit_code(fd: int) -> int | None:
 def exit_code(fd: int, pid: int, start_ticks: int) -> int | None:
     """Best knowledge of the exit code of the exited process behind ``fd``.
 
-    Our child: ``waitid``. Reaped by its parent: ``PIDFD_GET_INFO``. Still a zombie: the
-    status in ``/proc/<pid>/stat``, trusted only when the start time there is still ours
-    (the zombie holds its PID, so it cannot have been reused while it is a zombie).
+    Reaped by this process (the engine's init): its own record (``reaped``). Our child:
+    ``waitid``. Reaped by its parent: ``PIDFD_GET_INFO``. Still a zombie: the status in
+    ``/proc/<pid>/stat``, trusted only when the start time there is still ours (the zombie
+    holds its PID, so it cannot have been reused while it is a zombie).
     """
+    code = reaped.lookup(pid, start_ticks)
+    if code is not None:
+        return code
     code = child_exit_code(fd)
     if code is not None:
         return code

@@ -1,9 +1,10 @@
 """An ended process's exit code: where it is read from, and what it says about the end.
 
 ``exit_code`` follows ``subprocess``: ``>= 0`` is the exit status, ``< 0`` the signal that
-killed it, ``None`` unknown. It is read, in this order, from the pidfd (``waitid`` for our own
-children, ``PIDFD_GET_INFO`` once another parent reaped it), from ``waitid`` by PID without a
-pidfd, and from a zombie's ``/proc/<pid>/stat`` while its start ticks are still the tracked
+killed it, ``None`` unknown. It is read, in this order, from what this process reaped itself
+(``reaped``: the engine's init), from the pidfd (``waitid`` for our own children,
+``PIDFD_GET_INFO`` once another parent reaped it), from ``waitid`` by PID without a pidfd,
+and from a zombie's ``/proc/<pid>/stat`` while its start ticks are still the tracked
 process's.
 """
 
@@ -13,7 +14,7 @@ import logging
 import os
 import signal
 
-from coordinator.kill import pidfd, procfs
+from coordinator.kill import pidfd, procfs, reaped
 from coordinator.kill.report import ProcessOutcome
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,9 @@ def exit_code(fd: int | None, pid: int, start_ticks: int) -> int | None:
 def _read_exit_code(fd: int | None, pid: int, start_ticks: int) -> int | None:
     if fd is not None:
         return pidfd.exit_code(fd, pid, start_ticks)
+    code = reaped.lookup(pid, start_ticks)
+    if code is not None:
+        return code
     code = pidfd.child_exit_code(pid, by_pid=True)
     if code is not None:
         return code
