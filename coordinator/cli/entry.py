@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from coordinator import __version__, exit_codes
-from coordinator.cli import drain, ending, kill, serve, status
+from coordinator.cli import drain, ending, kill, run, serve, status
 
 DEMO_MOVED = ("shutdown-coordinator: the demo is a command of its own now: "
               "shutdown-coordinator-demo (installed with this package)")
@@ -31,7 +31,8 @@ class Command(Protocol):
         (``ending.interrupted``)."""
 
 
-COMMANDS: dict[str, Command] = {"serve": serve, "drain": drain, "status": status, "kill": kill}
+COMMANDS: dict[str, Command] = {"serve": serve, "run": run, "drain": drain, "status": status,
+                                "kill": kill}
 """Each subcommand's module, in the order ``--help`` lists them."""
 
 

@@ -20,6 +20,8 @@ from coordinator.tier_settings import TierSyntaxError, parse_tier
 
 if TYPE_CHECKING:
     from coordinator.kill import TierSpec
+    from coordinator.service.posture import Posture
+    from coordinator.settings import Settings
 
 # flag → (Settings field, type, help). None defaults mean "not given": env or default apply.
 SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -117,7 +119,11 @@ def _tier_arg(text: str) -> TierSpec:
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register the ``serve`` subcommand."""
-    serve = sub.add_parser("serve", help="run the coordinator")
+    add_settings_arguments(sub.add_parser("serve", help="run the coordinator"))
+
+
+def add_settings_arguments(serve: argparse.ArgumentParser) -> None:
+    """Every setting as a flag of ``serve`` (``run`` takes the same ones)."""
     for flag, field, kind, text in SERVE_FLAGS:
         serve.add_argument(flag, dest=field, type=kind, default=None, metavar=_METAVARS.get(
                                kind, flag.removeprefix("--").upper()),
@@ -189,12 +195,32 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # Imported here: FastAPI, uvicorn and psutil would slow every other command's start,
     # among them ``drain`` in the preStop hook.
+    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
+    from coordinator.service.server import serve
+
+    checked = checked_settings(args, "serve")
+    if checked is None:
+        return exit_codes.USAGE
+    settings, posture = checked
+    try:
+        return serve(settings, checked=posture)
+    except StateFileRefused as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return (exit_codes.STATE_FILE_LOCKED if isinstance(exc, StateFileLocked)
+                else exit_codes.STATE_FILE_UNSAFE)
+    except OSError as exc:
+        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
+        return exit_codes.USAGE
+
+
+def checked_settings(args: argparse.Namespace,
+                     command: str) -> tuple[Settings, Posture] | None:
+    """The settings the flags (and the environment) give, with their security posture; None,
+    after saying why on stderr in the operator's words, when they must not serve."""
     from pydantic import ValidationError
 
     from coordinator import startup_check
-    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
     from coordinator.service import posture
-    from coordinator.service.server import serve
     from coordinator.settings import Settings
 
     given = {field: getattr(args, field) for _, field, _, _ in SERVE_FLAGS}
@@ -211,14 +237,6 @@ def _run(args: argparse.Namespace) -> int:
         problems = [str(exc)]
     if problems or checked is None:
         for problem in problems:
-            print(f"shutdown-coordinator serve: {problem}", file=sys.stderr)
-        return exit_codes.USAGE
-    try:
-        return serve(settings, checked=checked)
-    except StateFileRefused as exc:
-        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
-        return (exit_codes.STATE_FILE_LOCKED if isinstance(exc, StateFileLocked)
-                else exit_codes.STATE_FILE_UNSAFE)
-    except OSError as exc:
-        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
-        return exit_codes.USAGE
+            print(f"shutdown-coordinator {command}: {problem}", file=sys.stderr)
+        return None
+    return settings, checked

@@ -111,13 +111,18 @@ class CoordinatorServer(uvicorn.Server):
             if forced or not self.coordinator.controller.running:
                 if forced:
                     self.force_exit = True
-                log.info("stopping (signal %s)", signal.Signals(self.stop_signals[0]).name)
-                self.coordinator.notifier.close_all()
-                # Long-polls answer now (a new generation) instead of holding the shutdown
-                # for up to their wait: uvicorn would wait SHUTDOWN_BOUND_S for them.
-                self.coordinator.bump()
-                self.should_exit = True
+                self.begin_stop(f"signal {signal.Signals(self.stop_signals[0]).name}")
         return await super().on_tick(counter)
+
+    def begin_stop(self, why: str) -> None:
+        """Step 3 of the module docstring: close the workers' streams, answer long-polls,
+        let uvicorn shut down."""
+        log.info("stopping (%s)", why)
+        self.coordinator.notifier.close_all()
+        # Long-polls answer now (a new generation) instead of holding the shutdown for up
+        # to their wait: uvicorn would wait SHUTDOWN_BOUND_S for them.
+        self.coordinator.bump()
+        self.should_exit = True
 
 
 def _interrupted_line(coordinator: Coordinator, forced: bool) -> str:
@@ -178,12 +183,15 @@ def write_port_file(path: Path, host: str, port: int) -> None:
 
 
 def build_server(settings: Settings, *, kill: Killer | None = None,
-                 checked: Posture | None = None) -> CoordinatorServer:
-    """The app wrapped in a ``CoordinatorServer`` (not started)."""
+                 checked: Posture | None = None,
+                 server_class: type[CoordinatorServer] = CoordinatorServer,
+                 loop: str | None = None) -> CoordinatorServer:
+    """The app wrapped in a ``server_class`` (not started); ``loop``: uvicorn's event loop
+    (default uvloop where installed)."""
     app = create_app(settings, kill=kill, checked=checked)
     config = uvicorn.Config(
         app,
-        loop=_pick("uvloop", "asyncio", "uvloop"),
+        loop=loop or _pick("uvloop", "asyncio", "uvloop"),
         http=guarded_protocol(settings.max_connections, settings.read_timeout_s),
         log_level=settings.log_level,
         # uvicorn's records go through the root logger: one format for the whole log.
@@ -193,12 +201,12 @@ def build_server(settings: Settings, *, kill: Killer | None = None,
         lifespan="on",
         server_header=False,
     )
-    return CoordinatorServer(config, app.state.coordinator)
+    return server_class(config, app.state.coordinator)
 
 
-def serve(settings: Settings, *, kill: Killer | None = None,
-          checked: Posture | None = None) -> int:
-    """Run until stopped; returns the process exit code (0 on a requested stop)."""
+def prepare_process(settings: Settings) -> None:
+    """What the process needs before it serves: its log, its file descriptor limit, and the
+    readings a kill that runs out of descriptors falls back on."""
     logging.basicConfig(level=settings.log_level.upper().replace("TRACE", "DEBUG"),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     limit = raise_fd_limit()
@@ -207,14 +215,22 @@ def serve(settings: Settings, *, kill: Killer | None = None,
     # that runs out of descriptors falls back on these readings.
     safety.protected_pids()
     procfs.boot_time()
-    # The state file is this process's before anything reads it or listens (StateFileRefused
-    # otherwise: another coordinator holds it, or another user could write it).
+
+
+def claim_state_file(settings: Settings) -> state_claim.Claim | None:
+    """The state file made this process's before anything reads it or listens
+    (``StateFileRefused`` otherwise: another coordinator holds it, or another user could
+    write it); None without a state file."""
     claimed = state_claim.claim(settings.state_file) if settings.state_file else None
     if claimed is not None and claimed.problem is not None:
         log.warning("state file %s is not locked: %s", settings.state_file, claimed.problem)
-    sock = bind(settings.host, settings.port)
-    port = sock.getsockname()[1]
-    server = build_server(settings, kill=kill, checked=checked)
+    return claimed
+
+
+def announce(server: CoordinatorServer, settings: Settings, port: int, *,
+             to_stdout: bool = True) -> None:
+    """Log the posture and the effective settings, write the port file, say where it
+    listens (on stdout, or in the log where stdout is the engine's)."""
     posture = server.coordinator.posture
     log.log(logging.WARNING if posture.unauthenticated_network else logging.INFO,
             "%s", posture.summary())
@@ -223,7 +239,22 @@ def serve(settings: Settings, *, kill: Killer | None = None,
         log.warning("%s", warning)
     if settings.port_file is not None:
         write_port_file(settings.port_file, settings.host, port)
-    print(f"shutdown-coordinator listening on http://{settings.host}:{port}", flush=True)
+    where = f"shutdown-coordinator listening on http://{settings.host}:{port}"
+    if to_stdout:
+        print(where, flush=True)
+    else:
+        log.info("%s", where)
+
+
+def serve(settings: Settings, *, kill: Killer | None = None,
+          checked: Posture | None = None) -> int:
+    """Run until stopped; returns the process exit code (0 on a requested stop)."""
+    prepare_process(settings)
+    claimed = claim_state_file(settings)
+    sock = bind(settings.host, settings.port)
+    port = sock.getsockname()[1]
+    server = build_server(settings, kill=kill, checked=checked)
+    announce(server, settings, port)
     server.run(sockets=[sock])
     if claimed is not None:
         claimed.release()

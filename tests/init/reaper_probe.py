@@ -64,15 +64,16 @@ async def main(modes: set[str], record_dir: Path) -> dict[str, Any]:
             reaper.reap()
             plain(table, pid)
 
-        ProcessTable.mark_exited = reap_then_mark  # type: ignore[method-assign]
+        ProcessTable.mark_exited = reap_then_mark  # type: ignore[method-assign,assignment]
     if "no-pidfd-info" in modes:
         pidfd.reaped_exit_code = lambda _fd: None  # type: ignore[assignment]
     if "no-book" in modes:
         reaped.lookup = lambda _pid, _ticks: None  # type: ignore[assignment]
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGCHLD, reaper.reap)
-    root = subprocess.Popen([sys.executable, "-m", "tests.kill.trees", json.dumps(TREE),
-                             str(record_dir)], start_new_session=True)
+    root = subprocess.Popen(  # noqa: ASYNC220 - started once, before the loop has work
+        [sys.executable, "-m", "tests.kill.trees", json.dumps(TREE), str(record_dir)],
+        start_new_session=True)
     tree = wait_for_file(record_dir / "ready.json")
     mid = next(p["pid"] for p in tree if p["role"] == "mid")
     leaf = next(p["pid"] for p in tree if p["role"] == "leaf")

@@ -45,7 +45,8 @@ def test_codes_of_reaped_processes_are_the_truth(janitor: ProcessJanitor, tmp_pa
     found = _probe(janitor, tmp_path, modes)
     report, collected = found["report"], found["reaped"]
     root, leaf = str(found["root"]), str(found["leaf"])
-    assert collected[root] == 3 and collected[leaf] == 5
+    assert collected[root] == 3
+    assert collected[leaf] == 5
     assert report[root]["exit_code"] == 3, report
     assert report[leaf]["exit_code"] == 5, report
     assert {report[p]["fate"] for p in (root, leaf)} == {"exited"}
