@@ -9,6 +9,7 @@ commas).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Iterable, Mapping
@@ -102,6 +103,12 @@ class Settings(BaseModel):
     token_file: Path | None = None
     """File holding the bearer token (surrounding whitespace ignored); wins over ``token``.
     An empty or unreadable file refuses the start (see ``coordinator.service.posture``)."""
+    public_host: str | None = None
+    """A second address to listen on, with the same port, for the routes that never need a
+    token (``/healthz``, ``/readyz``, ``/metrics``) and nothing else: the pod's IP (from the
+    downward API), so the kubelet's probes and Prometheus reach a coordinator whose API stays
+    on loopback, with no token and no Secret (``shutdown-coordinator run`` in the engine's
+    container). A specific address, neither loopback nor a wildcard. Unset: none."""
     allow_unauthenticated_network: bool = False
     """Serve a non-loopback ``host`` without a token. Off by default: such a start is refused,
     because anyone who can reach the port could drain and kill the pod. Turn it on only on
@@ -250,6 +257,20 @@ class Settings(BaseModel):
         if not isinstance(given, dict):
             return given
         return {**from_environment(os.environ, cls.model_fields), **given}
+
+    @field_validator("public_host")
+    @classmethod
+    def _public_address(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        try:
+            address = ipaddress.ip_address(value.strip().strip("[]"))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IP address (the pod's IP)") from None
+        if address.is_loopback or address.is_unspecified:
+            raise ValueError(f"{value!r} is loopback or a wildcard: the API is already "
+                             "reachable there; give the pod's own address")
+        return str(address)
 
     @field_validator("engine_metrics_url")
     @classmethod

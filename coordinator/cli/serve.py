@@ -28,6 +28,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--host", "host", str, "address to bind (default 127.0.0.1)"),
     ("--port", "port", int, "TCP port, 0 for any free one (default 8787)"),
     ("--port-file", "port_file", Path, "write {host, port, url, pid} here once listening"),
+    ("--public-host", "public_host", str,
+     "also listen on this address (the pod's IP) for /healthz, /readyz and /metrics only"),
     ("--grace-period", "grace_period_s", float,
      "the pod's termination grace period in seconds (default 30)"),
     ("--safety-margin", "safety_margin_s", float,

@@ -1,8 +1,9 @@
 """``shutdown-coordinator run``: the coordinator as the engine's init, from start to exit.
 
     1. Become the subreaper of everything below (unless already PID 1, which is one).
-    2. Claim the state file, bind the API's socket (not inherited by the engine), catch the
-       stop signal and the forwarded ones (recorded until the event loop runs, then replayed).
+    2. Claim the state file, bind the API's sockets (loopback; the public address, when set),
+       none inherited by the engine; catch the stop signal and the forwarded ones (recorded
+       until the event loop runs, then replayed).
     3. Start the engine as a child (``engine_child``), adopted by PID: the settings' own
        adoption (an ``--engine`` profile's patterns and tiers, registrations from
        ``worker_client`` inside it) applies to its tree, confined to what descends from here.
@@ -35,9 +36,9 @@ from coordinator.service.posture import Posture
 from coordinator.service.server import (
     CoordinatorServer,
     announce,
-    bind,
     build_server,
     claim_state_file,
+    listen,
     prepare_process,
 )
 from coordinator.settings import Settings
@@ -111,9 +112,10 @@ def run_engine(settings: Settings, argv: Sequence[str], *, stop_signal: int,
                         exc)
     # Step 2.
     claimed = claim_state_file(settings)
-    sock = bind(settings.host, settings.port)
-    sock.set_inheritable(False)
-    port = sock.getsockname()[1]
+    sockets = listen(settings)
+    for sock in sockets:
+        sock.set_inheritable(False)
+    port = sockets[0].getsockname()[1]
     early = EarlySignals((stop_signal, *forwarded(stop_signal)))
     # Step 3.
     shown = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -132,7 +134,7 @@ def run_engine(settings: Settings, argv: Sequence[str], *, stop_signal: int,
     assert isinstance(server, InitServer)
     server.init, server.early = init, early
     announce(server, settings, port, to_stdout=False)  # stdout is the engine's
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     if not init.done.is_set():
         log.error("the coordinator's service stopped before the engine ended: ending it")
         asyncio.run(init.end_alone())

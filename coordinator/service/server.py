@@ -31,6 +31,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from starlette.types import ASGIApp
 
 from coordinator import exit_codes, startup_check
 from coordinator.drain import state_claim
@@ -41,6 +42,7 @@ from coordinator.logfmt import logfmt
 from coordinator.service.app import create_app
 from coordinator.service.connections import guarded_protocol
 from coordinator.service.posture import Posture
+from coordinator.service.public_gate import PublicAddressGate
 from coordinator.service.runtime import Coordinator
 from coordinator.settings import Settings
 
@@ -175,6 +177,20 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen(settings: Settings) -> list[socket.socket]:
+    """The API's socket (``host``), then the public address's on the same port
+    (``public_host``, ``public_gate``), when one is set."""
+    sockets = [bind(settings.host, settings.port)]
+    if settings.public_host is not None:
+        port = sockets[0].getsockname()[1]
+        try:
+            sockets.append(bind(settings.public_host, port))
+        except OSError:
+            sockets[0].close()
+            raise
+    return sockets
+
+
 def write_port_file(path: Path, host: str, port: int) -> None:
     """Tell whoever started us where we listen (written atomically)."""
     shown = f"[{host}]" if ":" in host else host
@@ -189,8 +205,11 @@ def build_server(settings: Settings, *, kill: Killer | None = None,
     """The app wrapped in a ``server_class`` (not started); ``loop``: uvicorn's event loop
     (default uvloop where installed)."""
     app = create_app(settings, kill=kill, checked=checked)
+    served: ASGIApp = app
+    if settings.public_host is not None:
+        served = PublicAddressGate(app, settings.public_host)
     config = uvicorn.Config(
-        app,
+        served,
         loop=loop or _pick("uvloop", "asyncio", "uvloop"),
         http=guarded_protocol(settings.max_connections, settings.read_timeout_s),
         log_level=settings.log_level,
@@ -239,6 +258,10 @@ def announce(server: CoordinatorServer, settings: Settings, port: int, *,
         log.warning("%s", warning)
     if settings.port_file is not None:
         write_port_file(settings.port_file, settings.host, port)
+    if settings.public_host is not None:
+        shown = f"[{settings.public_host}]" if ":" in settings.public_host \
+            else settings.public_host
+        log.info("/healthz, /readyz and /metrics also on http://%s:%d", shown, port)
     where = f"shutdown-coordinator listening on http://{settings.host}:{port}"
     if to_stdout:
         print(where, flush=True)
@@ -251,11 +274,11 @@ def serve(settings: Settings, *, kill: Killer | None = None,
     """Run until stopped; returns the process exit code (0 on a requested stop)."""
     prepare_process(settings)
     claimed = claim_state_file(settings)
-    sock = bind(settings.host, settings.port)
-    port = sock.getsockname()[1]
+    sockets = listen(settings)
+    port = sockets[0].getsockname()[1]
     server = build_server(settings, kill=kill, checked=checked)
     announce(server, settings, port)
-    server.run(sockets=[sock])
+    server.run(sockets=sockets)
     if claimed is not None:
         claimed.release()
     if server.stop_signals[:1] == [signal.SIGINT]:
