@@ -1,0 +1,143 @@
+"""One container at a time under podman, as this machine runs it, for the init comparison.
+
+podman as root with runc (``crun`` refuses this host's cgroup layout), cgroupfs, the file
+events logger, and the ulimits a machine without ``CAP_SYS_RESOURCE`` can give, selected by
+``CONTAINERS_CONF``; storage under ``PODS_DIR`` (default ``<repo>/.pods``) given as
+``--root``/``--runroot`` flags. The image is a Debian bookworm ``minbase`` with python3 and
+Debian's ``tini``, made here with ``mmdebstrap`` and ``podman import`` (no registry is
+reachable), remade only when its package list changes.
+
+What the containers run comes from this host, mounted read-only at the same paths: the
+repository and its virtualenv (the coordinator, the simulated engine, PyPI's ``dumb-init``)
+and the CPython that virtualenv was made from. The records the processes write go to a
+directory mounted read-write. The container shares the host's network (``--network host``),
+so the test reaches the engine and the coordinator on loopback; its PID namespace is its
+own: its first process is PID 1, which is what the comparison is about.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+PODS_DIR = Path(os.environ.get("PODS_DIR") or REPO / ".pods").resolve()
+LABEL = "io.shutdown-coordinator.test"
+SUITE = "bookworm"
+PACKAGES = ("python3", "tini")
+IMAGE = f"localhost/debian-python-tini:{SUITE}"
+CONTAINERS_CONF = """\
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+netns = "none"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+"""
+COMMAND_S = 300.0
+BUILD_S = 900.0
+
+
+class PodmanError(RuntimeError):
+    """A podman command failed (its command line and stderr in the message)."""
+
+
+@dataclass
+class Podman:
+    home: Path = PODS_DIR
+
+    def prepare(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        conf = self.home / "containers.conf"
+        if not conf.exists() or conf.read_text() != CONTAINERS_CONF:
+            conf.write_text(CONTAINERS_CONF)
+
+    def run(self, *args: str, check: bool = True,
+            timeout: float = COMMAND_S) -> subprocess.CompletedProcess[str]:
+        argv = ["podman", "--root", str(self.home / "storage"), "--runroot",
+                str(self.home / "run"), *args]
+        done = subprocess.run(argv, env={**os.environ,
+                                         "CONTAINERS_CONF": str(self.home / "containers.conf")},
+                              capture_output=True, text=True, timeout=timeout, check=False,
+                              stdin=subprocess.DEVNULL)
+        if check and done.returncode != 0:
+            raise PodmanError(f"podman {' '.join(args)}: exit {done.returncode}\n"
+                              f"{done.stderr.strip()}")
+        return done
+
+    def inspect(self, name: str) -> dict[str, Any]:
+        found = json.loads(self.run("container", "inspect", name).stdout)
+        data: dict[str, Any] = found[0]
+        return data
+
+    def image(self) -> str:
+        """The base image, made when missing or when its package list changed."""
+        stamp = hashlib.sha256(" ".join((SUITE, *PACKAGES)).encode()).hexdigest()[:16]
+        found = self.run("image", "inspect", IMAGE, check=False)
+        if found.returncode == 0 and json.loads(found.stdout)[0].get(
+                "Labels", {}).get(LABEL) == stamp:
+            return IMAGE
+        tarball = self.home / "cache" / "init-base.tar"
+        tarball.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mmdebstrap", "--variant=minbase", "--quiet",
+                        f"--include={','.join(PACKAGES)}", SUITE, str(tarball)],
+                       check=True, timeout=BUILD_S, stdin=subprocess.DEVNULL)
+        self.run("import", "--change", f"LABEL {LABEL}={stamp}", str(tarball), IMAGE,
+                 timeout=BUILD_S)
+        tarball.unlink()
+        return IMAGE
+
+    def remove(self, name: str) -> None:
+        """Remove the container, killing it if it still runs (the fallback that leaves
+        nothing behind)."""
+        self.run("rm", "-f", "-t", "0", name, check=False)
+
+    def remove_leftovers(self) -> None:
+        found = self.run("ps", "-aq", "--filter", f"label={LABEL}=init", check=False)
+        if found.stdout.split():
+            self.run("rm", "-f", "-t", "0", *found.stdout.split(), check=False)
+
+
+def python_home() -> Path:
+    """The CPython installation the virtualenv's interpreter links into."""
+    return Path(os.path.realpath(sys.executable)).parents[1]
+
+
+def mounts(records: Path, extra: Sequence[Path] = ()) -> list[str]:
+    """``-v`` flags: the repository, the CPython, the records, and ``extra``, each at its own
+    path (read-only but the records)."""
+    flags = []
+    for path in (REPO, python_home(), *extra):
+        flags += ["-v", f"{path}:{path}:ro"]
+    return [*flags, "-v", f"{records}:{records}"]
+
+
+@functools.cache
+def unavailable() -> str | None:
+    """Why containers cannot run here, or None."""
+    missing = [tool for tool in ("podman", "runc", "mmdebstrap")
+               if shutil.which(tool) is None]
+    if missing:
+        return (f"not installed: {', '.join(missing)} (Debian: apt-get install podman runc "
+                "mmdebstrap)")
+    if os.geteuid() != 0:
+        return "the container tests run podman as root"
+    podman = Podman()
+    podman.prepare()
+    done = podman.run("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False,
+                      timeout=120)
+    if done.returncode != 0:
+        return f"podman cannot run here: {done.stderr.strip()[-400:]}"
+    if done.stdout.strip() != "runc":
+        return f"podman's runtime is {done.stdout.strip()!r}, not runc"
+    return None
