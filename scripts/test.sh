@@ -21,6 +21,12 @@ install_test_tools() {
     [ -x /usr/bin/chromium ] || missing+=(chromium)
     command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || missing+=(prometheus)
     command -v strace >/dev/null 2>&1 || missing+=(strace)
+    # The init comparison (tests/init): Debian's tini beside `run`; podman, runc and
+    # mmdebstrap for its container step.
+    command -v tini >/dev/null 2>&1 || missing+=(tini)
+    command -v podman >/dev/null 2>&1 || missing+=(podman)
+    command -v runc >/dev/null 2>&1 || missing+=(runc)
+    command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
     [ "${#missing[@]}" -eq 0 ] && return 0
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         echo "not installed: ${missing[*]} (their tests are skipped; apt-get install ${missing[*]})"
@@ -177,5 +183,10 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-.venv/bin/pytest -m engine tests/engines tests/routers tests/bench/test_rollout.py
+.venv/bin/pytest -m engine tests/engines tests/routers tests/bench/test_rollout.py tests/init
 echo "engine tests: $((SECONDS - engine_started)) s wall time"
+echo "== container tests (the engine as PID 1 under run, tini, tini -g, dumb-init, no init;"
+echo "   podman with runc, a Debian base made here)"
+container_started=$SECONDS
+.venv/bin/pytest -m container tests/init
+echo "container tests: $((SECONDS - container_started)) s wall time"

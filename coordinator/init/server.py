@@ -127,19 +127,22 @@ def run_engine(settings: Settings, argv: Sequence[str], *, stop_signal: int,
         "adopt_pids": [*settings.adopt_pids, child.pid],
         "confine_to_pid": settings.confine_to_pid or os.getpid()})
     init = EngineInit(child, stop_signal, settings)
-    # Step 4.
-    # asyncio's loop, not uvloop: uvloop keeps SIGCHLD for its own subprocesses and refuses
-    # a handler for it, and reaping is this loop's job.
-    server = build_server(settings, checked=checked, server_class=InitServer, loop="asyncio")
-    assert isinstance(server, InitServer)
-    server.init, server.early = init, early
-    announce(server, settings, port, to_stdout=False)  # stdout is the engine's
-    server.run(sockets=sockets)
-    if not init.done.is_set():
-        log.error("the coordinator's service stopped before the engine ended: ending it")
-        asyncio.run(init.end_alone())
-    if claimed is not None:
-        claimed.release()
+    try:
+        # Step 4. asyncio's loop, not uvloop: uvloop keeps SIGCHLD for its own subprocesses
+        # and refuses a handler for it, and reaping is this loop's job.
+        server = build_server(settings, checked=checked, server_class=InitServer,
+                              loop="asyncio")
+        assert isinstance(server, InitServer)
+        server.init, server.early = init, early
+        announce(server, settings, port, to_stdout=False)  # stdout is the engine's
+        server.run(sockets=sockets)
+    finally:
+        # Whatever stopped the service (it failed to start, a bug): never leave the engine.
+        if not init.done.is_set():
+            log.error("the coordinator's service stopped before the engine ended: ending it")
+            asyncio.run(init.end_alone())
+        if claimed is not None:
+            claimed.release()
     # Step 6.
     summary = init.summary
     log.log(logging.INFO if summary.exit_code == 0 else logging.WARNING,
