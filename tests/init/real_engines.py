@@ -37,6 +37,7 @@ import httpx
 import psutil
 
 from devstack.routers import free_port
+from tests.engines.stack import tree
 from tests.engines.tiny_model import prompt, write_tiny_model
 from tests.init.wrapper import SUMMARY, logfmt_fields
 
@@ -214,20 +215,7 @@ class Row:
 
 def _named(pid: int) -> dict[int, str]:
     """PID → name (an engine's process title where it set one) of ``pid`` and below."""
-    found: dict[int, str] = {}
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return found
-    for proc in procs:
-        try:
-            cmdline = proc.cmdline()
-            title = cmdline[0] if cmdline and "::" in cmdline[0] else proc.name()
-            found[proc.pid] = title[:24]
-        except psutil.Error:
-            continue
-    return found
+    return {p: name[:24] for p, name in tree(pid).items()}
 
 
 def _health(url: str) -> bool:
