@@ -161,6 +161,39 @@ def test_other_signals_go_to_the_main_process_alone(janitor: ProcessJanitor,
     assert wrapper.summary()["drain"] == "graceful"
 
 
+def test_an_operators_drain_is_waited_for_and_an_abort_keeps_the_engine(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. A recorder with a child of its own under the wrapper, a 20 s minimum drain.
+    2. ``POST /drain`` (``wait=false``), then ``DELETE /drain`` while it is still draining:
+       the pod is serving again, nothing was signalled, the wrapper runs on.
+    3. ``POST /drain`` with a 5 s budget, as an operator drains a pod by hand: the drain
+       ends the child, then the main process, each exits 0; the wrapper, whose engine has
+       ended, exits 0 and names the operator's drain."""
+    wrapper = start_wrapper(janitor, tmp_path, [sys.executable, "-m", "tests.init.recorder",
+                                                str(tmp_path), "--child"], "--min-drain", "20")
+    ready = wait_for(lambda: (tmp_path / "ready.json").exists() and json.loads(
+        (tmp_path / "ready.json").read_text()), what="the recorder ready")
+    url = wrapper.url()
+    with httpx.Client(base_url=url, timeout=60) as client:
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+        assert client.delete("/drain").json()["aborted"] is True
+        assert client.get("/status").json()["phase"] == "serving"
+        for role in ("main", "child"):
+            record = json.loads((tmp_path / f"{role}-{ready[role]}.json").read_text())
+            assert record["signals"] == [], record
+        assert wrapper.proc.poll() is None
+        done = client.post("/drain", json={"deadline_s": 5, "reason": "by hand"})
+        assert done.json()["phase"] == "done", done.text
+    assert wrapper.wait() == 0, wrapper.log.read_text()
+    child = json.loads((tmp_path / f"child-{ready['child']}.json").read_text())
+    main = json.loads((tmp_path / f"main-{ready['main']}.json").read_text())
+    assert (child["signals"], child["exit_code"]) == (["SIGTERM"], 0)
+    assert (main["signals"], main["exit_code"]) == (["SIGTERM"], 0)
+    summary = wrapper.summary()
+    assert summary["reason"] == "by hand"
+    assert summary["stop_signals"] == "0"
+
+
 def _drain_order_holds(found: dict[int, dict[str, Any]], main_pid: int) -> None:
     main = found[main_pid]
     children = [r for pid, r in found.items() if pid != main_pid]
