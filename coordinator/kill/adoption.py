@@ -16,7 +16,7 @@ from typing import Any
 
 from coordinator.errors import RefusedTarget, TargetNotFound
 from coordinator.kill import patterns, procfs, safety
-from coordinator.kill.identity import ProcessFacts, vet
+from coordinator.kill.identity import ProcessFacts, descends_from, vet
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,12 @@ def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[Proce
         try:
             vetted.append(vet(pid, confine_to=rules.confine_to))
         except RefusedTarget as exc:
-            log.warning("not adopting: %s", exc)
+            # A pattern's match outside the confinement is another engine of the host (the
+            # coordinator as an engine's init sees its neighbours): not a candidate, and no
+            # warning at every scan. A PID named explicitly is the operator's, and warned of.
+            outside = (pid not in rules.pids and rules.confine_to is not None
+                       and not descends_from(pid, rules.confine_to))
+            log.log(logging.DEBUG if outside else logging.WARNING, "not adopting: %s", exc)
         except TargetNotFound:
             continue
     return _topmost(vetted)

@@ -194,6 +194,36 @@ def test_an_operators_drain_is_waited_for_and_an_abort_keeps_the_engine(
     assert summary["stop_signals"] == "0"
 
 
+def test_a_neighbour_matching_the_pattern_is_neither_adopted_nor_warned_of(
+        janitor: ProcessJanitor, tmp_path: Path) -> None:
+    """1. Outside the wrapper, a recorder whose command line matches ``--adopt-pattern`` (as
+       another engine of the host matches a profile's pattern); inside, the wrapper's engine.
+    2. SIGTERM: the drain ends the wrapper's engine only; the neighbour received nothing and
+       runs on, and the wrapper's log never warned about it (scans and the kill's discovery
+       both saw it, outside the wrapper's tree)."""
+    neighbour_dir = tmp_path / "neighbour-engine-7f3a"
+    neighbour_dir.mkdir()
+    neighbour = janitor.spawn([sys.executable, "-m", "tests.init.recorder", str(neighbour_dir)],
+                              service=True)
+    wait_for(lambda: (neighbour_dir / "ready.json").exists(), what="the neighbour ready")
+    inside = tmp_path / "inside"
+    inside.mkdir()
+    wrapper = start_wrapper(janitor, tmp_path / "wrapper", [
+        sys.executable, "-m", "tests.init.recorder", str(inside)],
+        "--adopt-pattern", "neighbour-engine-7f3a", "--log-level", "debug")
+    ready = wait_for(lambda: (inside / "ready.json").exists() and json.loads(
+        (inside / "ready.json").read_text()), what="the engine ready")
+    wrapper.proc.send_signal(signal.SIGTERM)
+    assert wrapper.wait() == 0, wrapper.log.read_text()
+    record = json.loads((neighbour_dir / f"main-{neighbour.pid}.json").read_text())
+    assert record["signals"] == [], record
+    assert neighbour.poll() is None
+    assert json.loads((inside / f"main-{ready['main']}.json").read_text())["exit_code"] == 0
+    log = wrapper.log.read_text()
+    assert f"not adopting: refusing to signal pid {neighbour.pid}" in log  # seen, at debug
+    assert "WARNING coordinator.kill.adoption" not in log
+
+
 def _drain_order_holds(found: dict[int, dict[str, Any]], main_pid: int) -> None:
     main = found[main_pid]
     children = [r for pid, r in found.items() if pid != main_pid]
