@@ -158,7 +158,9 @@ def read_stream(url: str, stream: Stream) -> None:
             for line in reply.iter_lines():
                 if line == "data: [DONE]":
                     stream.how = "whole" if (stream.finish == "length"
-                                             and stream.tokens == MAX_TOKENS) else "short"
+                                             and stream.tokens == MAX_TOKENS) else (
+                        f"ended early ({stream.tokens} of {MAX_TOKENS} tokens, "
+                        f"{stream.finish})")
                     return
                 if not line.startswith("data: {"):
                     continue
@@ -196,9 +198,10 @@ class Row:
 
     def fates(self) -> str:
         parts = []
-        for _pid, (name, traced) in sorted(self.processes.items()):
-            got = ",".join(sorted({sig for sig, _ in traced.received})) or "no signal"
-            parts.append(f"{name}: {got} → {traced.end or 'running'}")
+        for pid, (name, traced) in sorted(self.processes.items()):
+            got = ",".join(sorted({sig for sig, _ in traced.received if sig != "SIGCHLD"}))
+            shown = f"{name} (main)" if pid == self.main_pid else name
+            parts.append(f"{shown}: {got or 'no signal'} → {traced.end or 'running'}")
         return "; ".join(parts)
 
     def sent(self) -> str:
