@@ -58,9 +58,9 @@ INITS: dict[str, Callable[[list[str], list[str]], list[str]]] = {
     "dumb-init": lambda engine, _f: [str(VENV_BIN / "dumb-init"), *engine],
     "no init": lambda engine, _f: engine,
 }
-_LINE = re.compile(r"^(\d+) (?:--- (SIG\w+) \{(.*)\} ---|\+\+\+ (exited with (\d+)|killed by "
+_LINE = re.compile(r"^(\d+)\s+(?:--- (SIG\w+) \{(.*)\} ---|\+\+\+ (exited with (\d+)|killed by "
                    r"(SIG\w+))(?: \(core dumped\))? \+\+\+)$")
-_SENT = re.compile(r"^(\d+) (kill|tgkill|pidfd_send_signal)\(([^)]*)\)\s+=\s+0")
+_SENT = re.compile(r"^(\d+)\s+(kill|tgkill|pidfd_send_signal)\(([^)]*)\)\s+=\s+0")
 TRACED = "trace=kill,tgkill,pidfd_send_signal"
 """The signal-sending system calls: who sent what (a SIGKILL cannot be caught, so its sender
 is read from the call)."""
@@ -255,6 +255,7 @@ def run_one(init: str, engine: list[str], engine_url: str, scratch: Path,
     main_pid = init_pid if init == "no init" else min(
         c.pid for c in psutil.Process(init_pid).children())
     names = _named(init_pid)
+    (scratch / "names.json").write_text(json.dumps(names))
     stream = Stream()
     reader = threading.Thread(target=read_stream, args=(engine_url, stream), daemon=True)
     reader.start()
