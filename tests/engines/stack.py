@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -106,11 +106,13 @@ class Vllm:
 def start_vllm(
     janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None,
     max_model_len: int = 512, served_model: str = "tiny", flags: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
 ) -> Vllm:
     """Start an unmodified vLLM (``vllm.entrypoints.openai.api_server``) and wait until healthy.
 
     ``argv`` replaces the module to run (an example server that wraps vLLM) and receives the
-    same engine flags; ``flags`` are added to them.
+    same engine flags; ``flags`` are added to them; ``extra_env`` (a container's own ``env``)
+    is added to the environment.
     """
     python = engine_python("vllm")
     port = free_port()
@@ -124,7 +126,8 @@ def start_vllm(
         "--kv-cache-memory-bytes", str(256 * 2**20),
         "--host", "127.0.0.1", "--port", str(port), *flags,
     ]
-    env = {"VLLM_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    env = {"VLLM_LOGGING_LEVEL": "INFO", "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
+           **(extra_env or {})}
     proc = spawn_logged(janitor, [str(python), *module, *engine_flags], log, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_http(url + "/health", proc, log, timeout=VLLM_START_S, what="vLLM healthy")

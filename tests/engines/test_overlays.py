@@ -106,7 +106,10 @@ def test_the_overlay_drains_its_real_engine(janitor: ProcessJanitor, tmp_path: P
     kept = [a for a in pod.engine.get("args", [])
             if not a.startswith(("--model", "--host", "--port"))]
     assert "--shutdown-timeout=30" in kept
-    vllm = start_vllm(janitor, tmp_path, tiny_model, argv=[*command[1:], *kept])
+    # The container's own environment (vLLM's shutdown waits), as the kubelet gives it.
+    container_env = {e["name"]: e["value"] for e in pod.engine.get("env", []) if "value" in e}
+    vllm = start_vllm(janitor, tmp_path, tiny_model, argv=[*command[1:], *kept],
+                      extra_env=container_env)
     before = tree(vllm.proc.pid)
     coordinator = start_coordinator_as_rendered(janitor, tmp_path, pod, vllm.url)
     wait_for(lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
