@@ -338,7 +338,9 @@ async def test_a_snapshot_that_raises_is_a_failed_write(tmp_path: Path) -> None:
 
 
 async def test_a_hung_disk_does_not_hold_a_flush(tmp_path: Path) -> None:
-    """1. the write blocks; 2. flush returns once its bound passed, write still pending;
+    """1. the write blocks; 2. flush returns once its bound passed, write still pending
+    (it cannot have ended: the disk has not answered), and the write is underway (its
+    thread may start only after the bound on a loaded machine, so that is waited for);
     3. the disk answers; 4. close() finishes the write."""
     release = threading.Event()
     started = threading.Event()
@@ -351,7 +353,9 @@ async def test_a_hung_disk_does_not_hold_a_flush(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     writer = StateWriter(path, lambda: {"n": 1}, write=hung, flush_timeout_s=0.05)
     await writer.flush()
-    assert started.is_set()
+    assert writer.writes == 0
+    assert not release.is_set()
+    assert await asyncio.to_thread(started.wait, 60)
     assert writer.writes == 0
     release.set()
     writer.flush_timeout_s = 30

@@ -127,27 +127,41 @@ async def test_children_of_a_root_sigkilled_at_the_deadline_die_with_it_not_by_o
     janitor: ProcessJanitor, tmp_path: Path
 ) -> None:
     """SGLang's shape at the end of a budget: the main process first and alone
-    (``include_root``), ignoring SIGTERM (serving a stream on), its children with
-    ``PR_SET_PDEATHSIG``.
+    (``include_root``), ignoring SIGTERM (serving a stream on), its children ending when it
+    dies (``PR_SET_PDEATHSIG``): a detokenizer at once (SIGKILL), two schedulers a moment
+    later (their death signal is SIGTERM and their cleanup takes 0.2 s, as the real SGLang's
+    children took up to half a second to be gone after their main process's SIGKILL).
 
-    1. terminate with a 3 s deadline: the root is SIGKILLed at the deadline less the reserve;
+    1. terminate with a 5 s deadline: the root is SIGKILLed at the deadline less the reserve;
     2. no time is left for its children's tier: they get a moment to die with it first;
-    3. they died of SIGKILL (their exit status) that we never sent (``killed_at`` None, fate
-       ``exited``), so the outcome can say they died with their main process."""
+    3. their own records: each scheduler's cleanup ran and finished, started by its death
+       signal after the root's SIGKILL; the kill sent them nothing (``killed_at`` and
+       ``signal`` None, fate ``exited``, exit code 0), nor the detokenizer (-9, its
+       PDEATHSIG), so the outcome can say they died with their main process. Sent our
+       SIGKILL at once instead, the schedulers would have no record and exit -9."""
     spec = {"ignore_term": True, "children": [
-        {"role": "scheduler", "pdeathsig": True, "ignore_term": True},
+        {"role": "scheduler", "pdeathsig": "SIGTERM", "teardown": 0.2},
+        {"role": "scheduler", "pdeathsig": "SIGTERM", "teardown": 0.2},
         {"role": "detokenizer", "pdeathsig": True, "ignore_term": True}]}
     tree = start_tree(janitor, spec, tmp_path)
     root_first = TierSpec(name="main", roles=("worker",), include_root=True, timeout_s=300)
     report = await terminate([Target(tree.pid, tiers=(root_first,))],
-                             KillPolicy(tier_timeout_s=10, deadline_s=3))
+                             KillPolicy(tier_timeout_s=10, deadline_s=5))
     outcomes = by_pid(report.processes)
     root = outcomes[tree.pid]
     assert (root.fate, root.tier, root.signal) == (Fate.KILLED, "main", "SIGTERM"), root
-    for pid in tree.pids("scheduler") + tree.pids("detokenizer"):
+    assert root.killed_at is not None
+    markers = tree.markers("scheduler")
+    for pid in tree.pids("scheduler"):
         child = outcomes[pid]
         assert (child.fate, child.killed_at, child.signal) == (Fate.EXITED, None, None), child
-        assert child.exit_code in (-9, None), child
+        assert child.exit_code == 0, child
+        assert markers[pid]["cleanup_finished"], markers
+        assert markers[pid]["signalled_at"] >= root.killed_at, (markers[pid], root)
+    (detokenizer,) = tree.pids("detokenizer")
+    child = outcomes[detokenizer]
+    assert (child.fate, child.killed_at, child.signal) == (Fate.EXITED, None, None), child
+    assert child.exit_code in (-9, None), child
     assert all(not alive(p) for p in tree.pids())
 
 

@@ -13,7 +13,9 @@ On SIGTERM a node runs its "cleanup" (sleeps ``teardown`` seconds), writes
 ``DIR/<role>-<pid>.json`` with ``cleanup_finished: true``, the times and ``reaped`` (the exit
 code, ``-N`` for a signal, of each child it reaped, by PID: what its parent saw), and exits
 with ``exit_code``. A node with ``pdeathsig`` asks the kernel to SIGKILL it when its parent dies,
-so a parent killed before it ends its cleanup early (no marker). ``ignore_term`` ignores
+so a parent killed before it ends its cleanup early (no marker); ``"pdeathsig": "SIGTERM"``
+asks for that signal instead, so the node's cleanup runs when its parent dies (a child that
+takes a moment to die after its parent, and says when in its marker). ``ignore_term`` ignores
 SIGTERM; ``forks: N`` forks N plain children at start (cheap: no new interpreter);
 ``sigkill_self`` ends the node with its own SIGKILL after its cleanup (as stock SGLang's
 ``kill_process_tree(include_parent=True)`` does); ``fork_on_term`` forks a new process on
@@ -43,9 +45,9 @@ def write_json(path: Path, data: Any) -> None:
     tmp.rename(path)
 
 
-def set_pdeathsig() -> None:
+def set_pdeathsig(sig: int = signal.SIGKILL) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
 
 
@@ -119,8 +121,10 @@ def main(argv: list[str]) -> None:
     record_dir = Path(argv[1])
     depth = int(argv[2]) if len(argv) > 2 else 0
     role = str(spec.get("role", "root" if depth == 0 else "child"))
-    if spec.get("pdeathsig"):
-        set_pdeathsig()
+    pdeathsig = spec.get("pdeathsig")
+    if pdeathsig:
+        set_pdeathsig(signal.Signals[pdeathsig] if isinstance(pdeathsig, str)
+                      else signal.SIGKILL)
     if spec.get("ignore_term"):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.pthread_sigmask(signal.SIG_SETMASK, {signal.SIGCHLD})
