@@ -14,7 +14,9 @@ connection:
        that connect and send nothing, reconnecting as soon as they are closed, so never
        locks out the kubelet: its probe or ``GET /drain`` is the newest connection and sends
        its head at once, and is answered before the flood's ``max_connections`` newer
-       connections could push it out;
+       connections could push it out. A connection whose first bytes wait in the kernel,
+       not yet read (a loaded loop accepts a batch of connections before it reads any), has
+       sent something and is not taken for one that never did;
     2. each request's head (request line and headers) must arrive whole within
        ``head_timeout_s`` of the connection opening or the previous response ending, else the
        connection is closed;
@@ -33,7 +35,10 @@ per connection, not once per request.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
+import termios
 from collections import OrderedDict
 from typing import Any
 
@@ -120,12 +125,24 @@ def guarded_protocol(max_connections: int, head_timeout_s: float) -> type[HttpTo
         def _evict_one(self) -> bool:
             """Close the connection that has waited longest without a whole request; False
             when there is none."""
-            for queue in waiting:
+            for rank, queue in enumerate(waiting):
                 for victim in queue:
-                    if victim is not self:
+                    if victim is not self and not (rank == IDLE and victim.unread()):
                         victim.evict()
                         return True
             return False
+
+        def unread(self) -> bool:
+            """Bytes from the client wait in the kernel, not yet read by the loop."""
+            sock = self.raw.get_extra_info("socket") if self.raw is not None else None
+            if sock is None:
+                return False
+            pending = array.array("i", [0])
+            try:
+                fcntl.ioctl(sock.fileno(), termios.FIONREAD, pending)
+            except OSError:
+                return False
+            return pending[0] > 0
 
         def evict(self) -> None:
             """Closed to make room (step 1): at once, nothing of it is worth an answer."""
