@@ -13,6 +13,7 @@ whose engine request id does not exist yet — is handed back at its first step.
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from types import TracebackType
@@ -23,6 +24,17 @@ from worker_client.errors import HandedBack
 T = TypeVar("T")
 
 HANDOFF_CANCEL_MSG = "worker_client: handed back by a drain"
+
+_task_on: Callable[[asyncio.AbstractEventLoop], asyncio.Task[Any] | None]
+"""The task running on a loop now: ``asyncio.current_task`` where it is C (3.12+); on 3.11
+the dict that its pure-Python ``current_task`` reads, looked up directly (one lookup instead
+of two Python calls, on every wait of every stream)."""
+_current_tasks: dict[asyncio.AbstractEventLoop, asyncio.Task[Any]] | None = getattr(
+    asyncio.tasks, "_current_tasks", None)
+if sys.version_info >= (3, 12) or _current_tasks is None:
+    _task_on = asyncio.current_task
+else:
+    _task_on = _current_tasks.get
 
 Ack = Literal["router", "engine"]
 """Who acknowledges a handoff: a router that reads ``/status`` (``router``, the default), or
@@ -86,9 +98,14 @@ class Request:
         self.ack: Ack = ack
         """Who will acknowledge the handoff (see ``Ack``)."""
         self._tracker = tracker
-        self._task: asyncio.Task[Any] | None = None
-        self._waiting = False
-        self._cancel_sent = False
+        self._waiting_in: asyncio.Task[Any] | None = None
+        """The task that waits on the engine for this request now (a drain may cancel it
+        there); None while the request is anywhere else."""
+        self._cancelling = 0
+        """That task's ``cancelling()`` when it began waiting here (``run``: this wait;
+        ``stream``: its first wait)."""
+        self._cancelled: asyncio.Task[Any] | None = None
+        """The task the drain cancelled, until its CancelledError is seen."""
 
     @property
     def shutting_down(self) -> bool:
@@ -104,22 +121,43 @@ class Request:
             self.ack = ack
 
     async def stream(self, source: AsyncIterable[T]) -> AsyncIterator[T]:
-        """Yield ``source``'s items until it ends or a drain hands the request back."""
+        """Yield ``source``'s items until it ends or a drain hands the request back.
+
+        Every token of every stream passes here, in the engine's busiest process, so each
+        step is written out inline: no coroutine per item, one lookup of the task that waits
+        (``_task_on``), two attribute writes around the wait, the drain checked once after
+        each item is consumed. A task's ``cancelling()`` is read when the task first waits
+        here (a consumer may await each step in a task of its own); a drain cancels it only
+        while that count is unchanged (``_interrupt``)."""
+        tracker = self._tracker
+        loop = asyncio.get_running_loop()
         iterator = aiter(source)
         try:
-            while True:
-                if self._tracker.shutting_down:
-                    self.hand_back("drain")
-                    return
-                try:
-                    item = await self._interruptible(anext(iterator))
-                except StopAsyncIteration:
-                    return
-                except HandedBack:
-                    return
-                self.tokens += 1
-                yield item
+            if self._tracker.shutting_down:
+                self.hand_back("drain")
+                return
+            self._begin_wait(loop)
+            waiting_in = self._waiting_in
+            try:
+                async for item in iterator:
+                    self._waiting_in = None
+                    self.tokens += 1
+                    yield item
+                    if tracker.shutting_down:
+                        self.hand_back("drain")
+                        return
+                    task = _task_on(loop)
+                    if task is not waiting_in:
+                        waiting_in = task
+                        self._cancelling = task.cancelling()  # type: ignore[union-attr]
+                    self._waiting_in = task
+            except asyncio.CancelledError:
+                if not self._cancelled_by_drain():
+                    raise
+            except HandedBack:
+                return
         finally:
+            self._waiting_in = None
             if self.handed_back:
                 aclose = getattr(iterator, "aclose", None)
                 if aclose is not None:
@@ -135,29 +173,45 @@ class Request:
         return await self._interruptible(awaitable)
 
     async def _interruptible(self, awaitable: Awaitable[T]) -> T:
-        task = asyncio.current_task()
-        assert task is not None, "tracked requests run inside an asyncio task"
-        self._task = task
-        cancelling = task.cancelling()
-        self._waiting = True
+        self._begin_wait(asyncio.get_running_loop())
         try:
             return await awaitable
         except asyncio.CancelledError:
-            if not self._cancel_sent:
+            if not self._cancelled_by_drain():
                 raise
-            self._cancel_sent = False
-            # Another cancellation (the client went away) wins over ours: propagate it.
-            if task.uncancel() > cancelling:
-                raise
-            self.hand_back("drain")
             raise HandedBack(self.request_id, self.tokens) from None
         finally:
-            self._waiting = False
+            self._waiting_in = None
+
+    def _begin_wait(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The request now waits on the engine, in the task running on ``loop``: a drain may
+        cancel that task there (``_interrupt``) until the wait ends."""
+        task = _task_on(loop)
+        assert task is not None, "tracked requests run inside an asyncio task"
+        self._cancelling = task.cancelling()
+        self._waiting_in = task
+
+    def _cancelled_by_drain(self) -> bool:
+        """After a CancelledError in a wait: True when it was the drain's alone (the request
+        is then handed back); False when it is to propagate."""
+        task, waiting_in = self._cancelled, self._waiting_in
+        self._cancelled = self._waiting_in = None
+        if task is None or task is not waiting_in:
+            return False
+        # Another cancellation (the client went away) wins over ours: propagate it.
+        if task.uncancel() > self._cancelling:
+            return False
+        self.hand_back("drain")
+        return True
 
     def _interrupt(self) -> None:
-        if self._waiting and self._task is not None and not self._cancel_sent:
-            self._cancel_sent = True
-            self._task.cancel(HANDOFF_CANCEL_MSG)
+        """Cancel the task where it waits on the engine, unless a cancellation that is not
+        ours is pending there already (it wins: the request is not handed back) or was
+        swallowed by the engine's code (the request is then handed back at its next step)."""
+        task = self._waiting_in
+        if (task is not None and self._cancelled is None
+                and task.cancelling() == self._cancelling and task.cancel(HANDOFF_CANCEL_MSG)):
+            self._cancelled = task
 
 
 class TrackScope:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -19,6 +20,23 @@ async def tokens(n: int, step: asyncio.Event | None = None) -> AsyncIterator[str
         else:
             await asyncio.sleep(0)
         yield f"t{i}"
+
+
+class Stalling:
+    """A generation of 2 tokens that then waits for ever; says whether it was cancelled."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    async def __call__(self) -> AsyncIterator[str]:
+        yield "t0"
+        yield "t1"
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        yield "t2"
 
 
 @pytest.fixture
@@ -44,21 +62,9 @@ async def test_drain_interrupts_a_waiting_generation(client: WorkerClient) -> No
     2. Start a drain.
     3. The generation is cancelled where it waits; the request is handed back after 2 tokens;
        shutdown_event is set."""
-    never = asyncio.Event()
     got: list[str] = []
     two_tokens = asyncio.Event()
-    generation_cancelled = False
-
-    async def generation() -> AsyncIterator[str]:
-        nonlocal generation_cancelled
-        yield "t0"
-        yield "t1"
-        try:
-            await never.wait()
-        except asyncio.CancelledError:
-            generation_cancelled = True
-            raise
-        yield "t2"
+    generation = Stalling()
 
     async def handler() -> None:
         async with client.track("r2") as req:
@@ -76,7 +82,72 @@ async def test_drain_interrupts_a_waiting_generation(client: WorkerClient) -> No
     await asyncio.wait_for(task, 10)
     assert got == ["t0", "t1"]
     assert client.shutdown_event.is_set()
-    assert generation_cancelled
+    assert generation.cancelled
+    assert client.inflight == 0
+
+
+async def test_drain_interrupts_a_stream_stepped_in_tasks_of_its_own(
+        client: WorkerClient) -> None:
+    """1. A consumer awaits each step of a tracked stream in a task of its own (as vLLM's
+       ``merge_async_iterators`` does), and gets 2 tokens.
+    2. Its third step waits in the generation; a drain starts.
+    3. That step's task is cancelled where it waits: the stream ends, handed back after 2
+       tokens, the generation saw the cancellation."""
+    generation = Stalling()
+    async with client.track("r4") as req:
+        items = req.stream(generation())
+
+        async def step() -> str:
+            return await anext(items)
+
+        got = [await asyncio.create_task(step()), await asyncio.create_task(step())]
+        third = asyncio.create_task(step())
+        await asyncio.sleep(0)
+        client.start_local_drain("test")
+        done, _ = await asyncio.wait({third}, timeout=10)
+        assert done == {third}, "the step waiting in the generation was not interrupted"
+        with pytest.raises(StopAsyncIteration):
+            third.result()
+    assert got == ["t0", "t1"]
+    assert req.handed_back
+    assert req.tokens == 2
+    assert generation.cancelled
+    assert client.inflight == 0
+
+
+async def test_a_swallowed_cancellation_still_hands_back(client: WorkerClient) -> None:
+    """1. A request's handler swallows a cancellation of its own task without ``uncancel()``
+       (its task's ``cancelling()`` stays raised), then waits for its next token.
+    2. A drain starts; the next token comes.
+    3. The request is handed back, and its count of tokens is the tokens it delivered."""
+    step = asyncio.Event()
+    waiting = asyncio.Event()
+    got: list[str] = []
+    seen: dict[str, tuple[bool, int]] = {}
+
+    async def handler() -> None:
+        async with client.track("r5") as req:
+            async for t in req.stream(tokens(10, step)):
+                got.append(t)
+                if len(got) == 1:
+                    current = asyncio.current_task()
+                    assert current is not None
+                    current.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await asyncio.sleep(0)
+                    waiting.set()
+        seen["end"] = (req.handed_back, req.tokens)
+
+    task = asyncio.create_task(handler())
+    step.set()
+    await waiting.wait()
+    await asyncio.sleep(0)
+    client.start_local_drain("test")
+    await asyncio.wait_for(client.shutdown_event.wait(), 10)
+    step.set()
+    await asyncio.wait_for(task, 10)
+    assert seen["end"] == (True, len(got))
+    assert got == [f"t{i}" for i in range(len(got))]
     assert client.inflight == 0
 
 
