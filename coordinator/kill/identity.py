@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 
 from coordinator.errors import RefusedTarget, TargetNotFound
-from coordinator.kill import procfs, safety
+from coordinator.kill import pidfd, procfs, safety
 from coordinator.kill.procfs import same_start
 
 __all__ = [
@@ -66,7 +66,10 @@ def display_name(comm: str, cmdline: str) -> str:
 def facts(pid: int) -> ProcessFacts:
     """Read a live process's facts; ``TargetNotFound`` when it does not exist (or is a zombie:
     it has ended and only waits to be reaped)."""
-    stat = procfs.read_stat(pid)
+    return _facts(pid, procfs.read_stat(pid))
+
+
+def _facts(pid: int, stat: procfs.ProcStat | None) -> ProcessFacts:
     if stat is None:
         raise TargetNotFound(pid)
     if stat.zombie:
@@ -80,6 +83,8 @@ def facts(pid: int) -> ProcessFacts:
 def thread_group(pid: int) -> int:
     """The thread-group id (the process) ``pid`` belongs to: ``pid`` itself for a process,
     its leader's PID for another thread. ``TargetNotFound`` when there is no such task."""
+    if pidfd.is_process(pid):
+        return pid
     leader = procfs.thread_group(pid)
     if leader is None:
         raise TargetNotFound(pid)
@@ -90,7 +95,10 @@ def is_kernel_thread(pid: int) -> bool:
     """Whether ``pid`` is a kernel thread: ``PF_KTHREAD`` set, or a child of ``kthreadd``
     (PID 2 when it is the kernel's; in a PID namespace PID 2 is an ordinary process and its
     children are not refused)."""
-    stat = procfs.read_stat(pid)
+    return _kernel_thread(procfs.read_stat(pid))
+
+
+def _kernel_thread(stat: procfs.ProcStat | None) -> bool:
     if stat is None:
         return False
     if stat.kernel_thread:
@@ -111,14 +119,16 @@ def descends_from(pid: int, ancestor: int) -> bool:
         return False
 
 
-def vet(pid: int, start_time: float | None = None, confine_to: int | None = None) -> ProcessFacts:
+def vet(pid: int, start_time: float | None = None, confine_to: int | None = None, *,
+        protected: frozenset[int] | None = None) -> ProcessFacts:
     """The facts of a process that may be registered or adopted, or the reason it may not.
 
     Raises ``RefusedTarget`` (protected, a kernel thread, or outside the confinement) or
     ``TargetNotFound`` (no such process, a thread that is not its process's leader, or its
-    start time differs from ``start_time``).
+    start time differs from ``start_time``). ``protected``: ``safety.protected_pids()`` as a
+    caller vetting many processes at once read it.
     """
-    why = safety.refusal(pid, safety.protected_pids())
+    why = safety.refusal(pid, safety.protected_pids() if protected is None else protected)
     if why is not None:
         raise RefusedTarget(pid, why)
     leader = thread_group(pid)
@@ -126,9 +136,10 @@ def vet(pid: int, start_time: float | None = None, confine_to: int | None = None
         raise TargetNotFound(
             pid, f"it is a thread of process {leader}, not a process (not its thread-group "
                  f"leader): register pid {leader}")
-    if is_kernel_thread(pid):
+    stat = procfs.read_stat(pid)
+    if _kernel_thread(stat):
         raise RefusedTarget(pid, "it is a kernel thread")
-    found = facts(pid)
+    found = _facts(pid, stat)
     if not same_start(start_time, found.start_time):
         raise TargetNotFound(
             pid, f"start time {start_time} does not match the live process ({found.start_time})"

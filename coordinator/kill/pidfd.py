@@ -63,6 +63,7 @@ def _iowr(magic: int, nr: int, size: int) -> int:
 PIDFD_GET_INFO = _iowr(_PIDFS_IOCTL_MAGIC, 11, PIDFD_INFO_SIZE)
 
 _HEADER = struct.Struct("=QQIII")  # mask, cgroupid, pid, tgid, ppid
+_HEADER_MASK = struct.Struct("=Q")
 _EXIT_CODE = struct.Struct("=i")
 _EXIT_CODE_OFFSET = 60
 _SUPPORTED_MASK = struct.Struct("=Q")
@@ -161,6 +162,20 @@ def support() -> Support:
         os.close(fd)
 
 
+def is_process(pid: int) -> bool | None:
+    """Whether ``pid`` is a process (a thread-group leader), as ``pidfd_open`` tells: it
+    refuses the id of any other thread (EINVAL). None when it cannot tell (no pidfds here,
+    no such task, no descriptor left): ``/proc/<pid>/status`` does, at more cost."""
+    if not support().pidfd:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError as exc:
+        return False if exc.errno == errno.EINVAL else None
+    os.close(fd)
+    return True
+
+
 def send_signal(fd: int, sig: int) -> bool:
     """Signal the process behind ``fd``; False when it has already exited (not an error)."""
     try:
@@ -208,29 +223,40 @@ def child_exit_code(fd: int, *, by_pid: bool = False) -> int | None:
 
 def reaped_exit_code(fd: int) -> int | None:
     """Exit code the kernel kept for a reaped process (``PIDFD_INFO_EXIT``), else None."""
+    buf = pack_info_request(PIDFD_INFO_EXIT)
     try:
-        return get_info(fd, PIDFD_INFO_EXIT).exit_code
+        fcntl.ioctl(fd, PIDFD_GET_INFO, buf)
     except OSError:
         return None
+    if not _HEADER_MASK.unpack_from(buf, 0)[0] & PIDFD_INFO_EXIT:
+        return None
+    return os.waitstatus_to_exitcode(_EXIT_CODE.unpack_from(buf, _EXIT_CODE_OFFSET)[0])
 
 
 def exit_code(fd: int, pid: int, start_ticks: int) -> int | None:
     """Best knowledge of the exit code of the exited process behind ``fd``.
 
-    Reaped by this process (the engine's init): its own record (``reaped``). Our child:
-    ``waitid``. Reaped by its parent: ``PIDFD_GET_INFO``. Still a zombie: the status in
-    ``/proc/<pid>/stat``, trusted only when the start time there is still ours (the zombie
-    holds its PID, so it cannot have been reused while it is a zombie).
+    Reaped by this process (the engine's init): its own record (``reaped``). Reaped by its
+    parent: ``PIDFD_GET_INFO`` (asked next where the kernel has it: engine processes are
+    seldom ours, and are reaped at once by their parent). Our child: ``waitid``. Still a
+    zombie: the status in ``/proc/<pid>/stat``, trusted only when the start time there is
+    still ours (the zombie holds its PID, so it cannot have been reused while it is a zombie).
     """
     code = reaped.lookup(pid, start_ticks)
     if code is not None:
         return code
+    has_info = support().exit_info
+    if has_info:
+        code = reaped_exit_code(fd)
+        if code is not None:
+            return code
     code = child_exit_code(fd)
     if code is not None:
         return code
-    code = reaped_exit_code(fd)
-    if code is not None:
-        return code
+    if not has_info:
+        code = reaped_exit_code(fd)
+        if code is not None:
+            return code
     stat = procfs.read_stat(pid)
     if stat is not None and stat.start_ticks == start_ticks and stat.exit_status is not None:
         return os.waitstatus_to_exitcode(stat.exit_status)

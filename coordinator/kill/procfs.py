@@ -35,9 +35,11 @@ PF_KTHREAD = 0x00200000
 PROC = "/proc"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ProcStat:
-    """The fields of ``/proc/<pid>/stat`` the kill engine needs."""
+    """The fields of ``/proc/<pid>/stat`` the kill engine needs; read-only by convention (not
+    ``frozen``: a scan of the whole system makes one per process, and a frozen dataclass's
+    ``__init__`` costs three times as much)."""
 
     pid: int
     name: str
@@ -78,29 +80,51 @@ def boot_time() -> float:
     raise RuntimeError("no btime line in /proc/stat")
 
 
-def parse_stat(text: str) -> ProcStat:
+READ_SIZE = 4096
+"""One read takes a whole ``stat``, ``status`` or ``cgroup`` file (they are generated whole,
+so a short read is their end); longer files (a command line) take more."""
+
+
+def read_file(path: str) -> bytes:
+    """A ``/proc`` file's bytes, read with plain system calls: a scan reads thousands of
+    them, and a text-mode ``open`` (buffer, decoder) costs more than the kernel's own work.
+    Raises what ``os.open`` and ``os.read`` raise."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = os.read(fd, READ_SIZE)
+        if len(data) < READ_SIZE:
+            return data
+        chunks = [data]
+        while chunk := os.read(fd, READ_SIZE):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def parse_stat(text: bytes | str) -> ProcStat:
     """Parse the text of ``/proc/<pid>/stat``.
 
     ``comm`` sits in parentheses and may itself contain spaces and parentheses, so the
-    fields after it are found from the last ``)``.
+    fields after it are found from the last ``)``. It is the kernel's bytes, shown as text
+    (bytes that are not UTF-8 replaced).
     """
-    open_at = text.index("(")
-    close_at = text.rindex(")")
-    pid = int(text[:open_at])
-    name = text[open_at + 1 : close_at]
-    rest = text[close_at + 2 :].split()
+    data = text.encode() if isinstance(text, str) else text
+    open_at = data.index(b"(")
+    close_at = data.rindex(b")")
+    rest = data[close_at + 2 :].split()
     # rest[0] is field 3 (state); field N is rest[N - 3].
-    exit_field = rest[52 - 3] if len(rest) > 52 - 3 else "0"
-    state = rest[0]
+    state = rest[0].decode()
+    zombie = state in ("Z", "X")
     return ProcStat(
-        pid=pid,
-        name=name,
+        pid=int(data[:open_at]),
+        name=data[open_at + 1 : close_at].decode(errors="replace"),
         state=state,
         ppid=int(rest[4 - 3]),
         pgid=int(rest[5 - 3]),
         sid=int(rest[6 - 3]),
         start_ticks=int(rest[22 - 3]),
-        exit_status=int(exit_field) if state in ("Z", "X") else None,
+        exit_status=(int(rest[52 - 3]) if len(rest) > 52 - 3 else 0) if zombie else None,
         flags=int(rest[9 - 3]),
     )
 
@@ -108,8 +132,7 @@ def parse_stat(text: str) -> ProcStat:
 def read_stat(pid: int) -> ProcStat | None:
     """The process's stat, or None when no process has that PID."""
     try:
-        with open(f"{PROC}/{pid}/stat") as f:
-            text = f.read()
+        data = read_file(f"{PROC}/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
         return None
     except OSError as exc:
@@ -118,7 +141,9 @@ def read_stat(pid: int) -> ProcStat | None:
         if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOMEM):
             raise
         return None
-    return parse_stat(text)
+    if not data:
+        return None  # torn down between the open and the read
+    return parse_stat(data)
 
 
 def start_time(pid: int) -> float | None:
@@ -140,13 +165,11 @@ def thread_group(pid: int) -> int | None:
     another PID when ``pid`` is a thread id, None when gone. ``/proc/<tid>`` answers for
     threads although ``/proc`` does not list them."""
     try:
-        with open(f"{PROC}/{pid}/status") as f:
-            for line in f:
-                if line.startswith("Tgid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
+        data = read_file(f"{PROC}/{pid}/status")
+        at = data.index(b"\nTgid:") + 6
+        return int(data[at : data.index(b"\n", at)])
+    except (OSError, ValueError):
         return None
-    return None
 
 
 def uids(pid: int, start_ticks: int | None = None) -> tuple[int, int] | None:
@@ -174,8 +197,7 @@ def uids(pid: int, start_ticks: int | None = None) -> tuple[int, int] | None:
 def cmdline(pid: int) -> str:
     """The command line joined by spaces; empty for kernel threads, zombies, or when gone."""
     try:
-        with open(f"{PROC}/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+        raw = read_file(f"{PROC}/{pid}/cmdline")
     except OSError:
         return ""
     return raw.rstrip(b"\0").replace(b"\0", b" ").decode(errors="replace")
@@ -220,6 +242,17 @@ def descendants(
                 out.append((child, depth + 1))
                 frontier.append((child, depth + 1))
     return out
+
+
+class ParentMap(dict[int, int]):
+    """``{pid: ppid}`` that reads a PID it does not hold from ``/proc`` (0 once gone), once:
+    ``chain`` over it reads only the ancestors nobody knew yet."""
+
+    def get(self, pid: int, default: int = 0) -> int:  # type: ignore[override]
+        if pid not in self:
+            stat = read_stat(pid) if pid > 0 else None
+            self[pid] = default if stat is None else stat.ppid
+        return self[pid]
 
 
 def chain(pid: int, parent: Mapping[int, int]) -> list[int]:

@@ -131,9 +131,10 @@ class ProcessTable(TreeDiscovery, Signalling):
         place in that tree, so it is not ended together with its ancestor in the last tier."""
         if len(self.live) < 2:
             return  # one root cannot be inside another
-        # One /proc pass for every chain: reading each root's chain up to PID 1 costs a
-        # read per ancestor per root, which is most of the kill's CPU at hundreds of roots.
-        parent = {pid: stat.ppid for pid, stat in procfs.snapshot().items()}
+        # Each chain up to PID 1 from the roots' own parents (read as they were admitted),
+        # reading each other ancestor once for all chains: hundreds of roots under one
+        # spawner read a handful of files, not a scan of the whole system.
+        parent = procfs.ParentMap({pid: t.member.parent_pid or 0 for pid, t in self.live.items()})
         chains = {pid: procfs.chain(pid, parent) for pid in self.live}
         for pid in sorted(chains, key=lambda p: len(chains[p])):
             t = self.live[pid]
@@ -181,15 +182,19 @@ class ProcessTable(TreeDiscovery, Signalling):
         expected_start: float | None,
         expected_ticks: int | None,
     ) -> Tracked | None:
-        # Only a root can be a thread id: a /proc scan lists thread-group leaders alone.
-        tgid = procfs.thread_group(pid) if expected_ticks is None else pid
-        if tgid is not None and tgid != pid:
-            # /proc/<tid> exists, but a thread is not a process: signalling it would reach
-            # its whole thread group, a process nobody registered.
-            self._unreachable(pid, member, f"PID {pid} is a thread of process {tgid}, not a "
-                              "process: left alone")
-            return None
-        fd, found, open_error = self._open(pid)
+        fd, found, open_errno = self._open(pid)
+        # Only a root can be a thread id: a /proc scan lists thread-group leaders alone. A
+        # pidfd opened says it is a process (``pidfd_open`` refuses another thread's id with
+        # EINVAL); without one, ``/proc/<pid>/status`` tells.
+        if expected_ticks is None and fd is None and found:
+            tgid = procfs.thread_group(pid)
+            if tgid is not None and tgid != pid:
+                # /proc/<tid> exists, but a thread is not a process: signalling it would
+                # reach its whole thread group, a process nobody registered.
+                self._unreachable(pid, member, f"PID {pid} is a thread of process {tgid}, "
+                                  "not a process: left alone")
+                return None
+        open_error = self._open_failed(open_errno) if open_errno else ""
         stat = procfs.read_stat(pid)
         if stat is None or not found:
             self._close(fd)
@@ -237,25 +242,28 @@ class ProcessTable(TreeDiscovery, Signalling):
         self._watch(tracked)
         return tracked
 
-    def _open(self, pid: int) -> tuple[int | None, bool, str]:
-        """A pidfd for ``pid`` (None without pidfds), whether the process exists, and why
-        it is polled instead when ``pidfd_open`` failed for another reason."""
+    def _open(self, pid: int) -> tuple[int | None, bool, int]:
+        """A pidfd for ``pid`` (None without pidfds), whether the process exists, and the
+        errno of a ``pidfd_open`` that failed for another reason (0 when none did)."""
         if not self.use_pidfd:
-            return None, True, ""
+            return None, True, 0
         try:
-            return os.pidfd_open(pid), True, ""
+            return os.pidfd_open(pid), True, 0
         except ProcessLookupError:
-            return None, False, ""
+            return None, False, 0
         except OSError as exc:
-            if exc.errno in (errno.EMFILE, errno.ENFILE):
-                note = ("file descriptor limit reached: some processes are polled, "
-                        "not pidfd-watched")
-            else:
-                note = f"pidfd_open failed ({os.strerror(exc.errno or 0)})"
-            # The process is still ours to stop: signalled by PID, its exit found by polling.
-            if note not in self.notes:
-                self.notes.append(note)
-            return None, True, f"{note}: signalled by PID and polled"
+            return None, True, exc.errno or errno.EIO
+
+    def _open_failed(self, err: int) -> str:
+        """Why a process is polled: its ``pidfd_open`` failed with ``err`` (noted once)."""
+        if err in (errno.EMFILE, errno.ENFILE):
+            note = "file descriptor limit reached: some processes are polled, not pidfd-watched"
+        else:
+            note = f"pidfd_open failed ({os.strerror(err)})"
+        # The process is still ours to stop: signalled by PID, its exit found by polling.
+        if note not in self.notes:
+            self.notes.append(note)
+        return f"{note}: signalled by PID and polled"
 
     def _unreachable(self, pid: int, member: Member, why: str) -> None:
         """A process the kill cannot act on: reported ``survived`` (it may well be running),
