@@ -1,11 +1,13 @@
 """Learn of process exits as events: one event source for any number of processes.
 
-With pidfds, each process's pidfd is registered with the event loop's selector (epoll on
-Linux) through ``loop.add_reader``; the pidfd turns readable the moment the process exits (as
-a zombie, before anyone reaps it), so one ``epoll_wait`` covers hundreds of processes and costs
-nothing while they live. Without a pidfd (none on this kernel, or one epoll refuses),
-``/proc`` is polled instead: a process has exited once its PID is gone, a zombie, or another
-process's (other start ticks).
+With pidfds, each process's pidfd is registered with an epoll of the watch's own, whose one
+descriptor is on the event loop (``loop.add_reader``); a pidfd turns readable the moment its
+process exits (as a zombie, before anyone reaps it), which makes that epoll readable, so one
+``epoll_wait`` covers hundreds of processes and costs nothing while they live. Each pidfd is
+one ``epoll_ctl`` in and one out, not a reader of the loop's own (its handle, its selector
+key, its lookups): the kill watches hundreds at once. Without a pidfd (none on this kernel,
+or one epoll refuses), ``/proc`` is polled instead: a process has exited once its PID is
+gone, a zombie, or another process's (other start ticks).
 
 ``ExitEvents`` is that mechanism, and the only one: the kill engine's ``ExitWatcher`` (by
 PID, with waits for a set of PIDs, polling every 10 ms) and the service's registry (by worker
@@ -19,7 +21,9 @@ the exits the loop has not run the callbacks of yet: a caller about to act on "s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import select
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -47,6 +51,9 @@ class ExitEvents(Generic[K]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.fds: dict[K, int] = {}
         """The pidfd of each process watched through one (owned by the caller)."""
+        self._keys: dict[int, K] = {}
+        """``fds`` the other way round: what a ready pidfd is the exit of."""
+        self._epoll: select.epoll | None = None
         self.polled: dict[K, tuple[int, int]] = {}
         """(PID, start ticks) of each process watched by polling ``/proc``."""
         self._poller: asyncio.Task[None] | None = None
@@ -57,21 +64,49 @@ class ExitEvents(Generic[K]):
         loop = self._loop = self._loop or asyncio.get_running_loop()
         if fd is not None:
             try:
-                loop.add_reader(fd, self._fire, key)
+                self._register(loop, fd)
             except (OSError, ValueError):
                 log.exception("cannot watch the pidfd of pid %s: polling it instead", pid)
             else:
                 self.fds[key] = fd
+                self._keys[fd] = key
                 return
         self.polled[key] = (pid, start_ticks)
         if self._poller is None:
             self._poller = loop.create_task(self._poll())
 
+    def _register(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        if self._epoll is None:
+            epoll = select.epoll()
+            try:
+                loop.add_reader(epoll.fileno(), self._ready)
+            except BaseException:
+                epoll.close()
+                raise
+            self._epoll = epoll
+        try:
+            self._epoll.register(fd, select.EPOLLIN)
+        except FileExistsError:
+            # A number reused by a new pidfd while a duplicate kept the old one's entry.
+            self._epoll.modify(fd, select.EPOLLIN)
+
+    def _ready(self) -> None:
+        """The epoll is readable: fire every watch whose pidfd is."""
+        if self._epoll is None:
+            return
+        for fd, _ in self._epoll.poll(0):
+            key = self._keys.get(fd)
+            if key is not None and self.fds.get(key) == fd:
+                self._fire(key)
+
     def unwatch(self, key: K) -> None:
         """Stop watching ``key`` (its pidfd stays open)."""
         fd = self.fds.pop(key, None)
-        if fd is not None and self._loop is not None:
-            self._loop.remove_reader(fd)
+        if fd is not None:
+            self._keys.pop(fd, None)
+            if self._epoll is not None:
+                with contextlib.suppress(OSError, ValueError):  # closed by its owner already
+                    self._epoll.unregister(fd)
         self.polled.pop(key, None)
 
     def settle(self) -> None:
@@ -96,6 +131,11 @@ class ExitEvents(Generic[K]):
         if self._poller is not None:
             self._poller.cancel()
             self._poller = None
+        if self._epoll is not None:
+            if self._loop is not None and not self._loop.is_closed():
+                self._loop.remove_reader(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
 
     def _fire(self, key: K) -> None:
         self.unwatch(key)
