@@ -262,7 +262,7 @@ class DrainController:
         if report is not None:
             for process in report.processes:
                 drain.outcomes[(process.pid, process.start_time)] = process
-            drain.kill = {k: v for k, v in report.to_dict().items() if k != "processes"}
+            drain.kill = report.to_dict(processes=False)
         # 4. done: judge what really happened.
         try:
             drain.cut_requests = self.fleet.cut_requests(drain)

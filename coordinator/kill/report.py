@@ -7,7 +7,7 @@ document, so their field names are part of the contract (see docs/architecture.m
 from __future__ import annotations
 
 import enum
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 
@@ -69,7 +69,9 @@ class ProcessOutcome:
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        # What ``dataclasses.asdict`` gives, without its deep copy of every value (they are
+        # all immutable): state files and summaries hold hundreds of these.
+        data = {name: getattr(self, name) for name in _OUTCOME_FIELDS}
         data["fate"] = self.fate.value
         return data
 
@@ -79,6 +81,9 @@ class ProcessOutcome:
         values = {k: v for k, v in data.items() if k in known}
         values["fate"] = Fate(values.get("fate", Fate.RUNNING.value))
         return cls(**values)
+
+
+_OUTCOME_FIELDS = tuple(f.name for f in fields(ProcessOutcome))
 
 
 @dataclass
@@ -110,8 +115,9 @@ class KillReport:
             out[p.fate.value] += 1
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
+    def to_dict(self, *, processes: bool = True) -> dict[str, Any]:
+        """The report as JSON; without its ``processes`` when they are kept elsewhere."""
+        data: dict[str, Any] = {
             "started_at": self.started_at,
             "ended_at": self.ended_at,
             "mode": self.mode,
@@ -119,7 +125,9 @@ class KillReport:
             "exit_codes_from": self.exit_codes_from,
             "graceful": self.graceful,
             "counts": self.counts(),
-            "processes": [p.to_dict() for p in self.processes],
-            "notes": list(self.notes),
-            "unwatched_roots": list(self.unwatched_roots),
         }
+        if processes:
+            data["processes"] = [p.to_dict() for p in self.processes]
+        data["notes"] = list(self.notes)
+        data["unwatched_roots"] = list(self.unwatched_roots)
+        return data
