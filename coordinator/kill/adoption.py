@@ -10,7 +10,7 @@ processes whichever of the two looks.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +34,7 @@ class AdoptionRules:
         return not self.pids and not self.patterns
 
 
-def _pattern_matches(compiled: list[Any]) -> list[int]:
-    protected = safety.protected_pids()
+def _pattern_matches(compiled: list[Any], protected: frozenset[int]) -> list[int]:
     found: list[int] = []
     for pid in procfs.pids():
         if pid in protected:
@@ -46,36 +45,53 @@ def _pattern_matches(compiled: list[Any]) -> list[int]:
     return found
 
 
-def _topmost(candidates: Iterable[ProcessFacts]) -> list[ProcessFacts]:
-    chosen = {c.pid: c for c in candidates}
-    roots: list[ProcessFacts] = []
-    for candidate in chosen.values():
+def _topmost(wanted: Iterable[int], vet_one: Callable[[int], ProcessFacts | None]
+             ) -> list[ProcessFacts]:
+    """The candidates that ``vet_one`` accepts and that descend from no other accepted one.
+
+    Shallowest first, a candidate is vetted only when no ancestor of it was accepted: an
+    engine whose hundreds of forks match the pattern (they share its command line) vets its
+    main process alone, not every fork. Each candidate's parent is read once, every other
+    ancestor once for all chains."""
+    parent = procfs.ParentMap()
+    for pid in wanted:
         try:
-            if procfs.read_stat(candidate.pid) is None:
-                continue  # gone since it was vetted
-            ancestors = set(procfs.ancestors(candidate.pid))
+            stat = procfs.read_stat(pid)
         except OSError:
             continue
-        if not ancestors & chosen.keys():
-            roots.append(candidate)
-    return sorted(roots, key=lambda f: f.pid)
+        if stat is not None:  # else gone: nothing to adopt
+            parent[pid] = stat.ppid
+    candidates = list(parent)
+    chains: dict[int, list[int]] = {}
+    for pid in candidates:
+        try:
+            chains[pid] = procfs.chain(pid, parent)
+        except OSError:
+            continue
+    accepted: dict[int, ProcessFacts] = {}
+    for pid in sorted(chains, key=lambda p: (len(chains[p]), p)):
+        if any(ancestor in accepted for ancestor in chains[pid]):
+            continue
+        found = vet_one(pid)
+        if found is not None:
+            accepted[pid] = found
+    return sorted(accepted.values(), key=lambda f: f.pid)
 
 
 def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[ProcessFacts]:
     """The roots of the trees ``rules`` adopt right now (refused processes are skipped)."""
     if rules.empty:
         return []
+    protected = safety.protected_pids()
     compiled = [patterns.compile_pattern(p) for p in rules.patterns]
     wanted = list(rules.pids)
     if compiled:
-        wanted.extend(_pattern_matches(compiled))
+        wanted.extend(_pattern_matches(compiled, protected))
     excluded = set(exclude)
-    vetted: list[ProcessFacts] = []
-    for pid in dict.fromkeys(wanted):
-        if pid in excluded:
-            continue
+
+    def vet_one(pid: int) -> ProcessFacts | None:
         try:
-            vetted.append(vet(pid, confine_to=rules.confine_to))
+            return vet(pid, confine_to=rules.confine_to, protected=protected)
         except RefusedTarget as exc:
             # A pattern's match outside the confinement is another engine of the host (the
             # coordinator as an engine's init sees its neighbours): not a candidate, and no
@@ -84,5 +100,7 @@ def discover(rules: AdoptionRules, *, exclude: Iterable[int] = ()) -> list[Proce
                        and not descends_from(pid, rules.confine_to))
             log.log(logging.DEBUG if outside else logging.WARNING, "not adopting: %s", exc)
         except TargetNotFound:
-            continue
-    return _topmost(vetted)
+            pass
+        return None
+
+    return _topmost((pid for pid in dict.fromkeys(wanted) if pid not in excluded), vet_one)

@@ -20,6 +20,8 @@ def drain_ended(drain: DrainRecord, migrations: dict[str, int]) -> None:
     started = drain.deadlines.started_at
     for outcome in sorted(drain.outcomes.values(), key=lambda o: o.pid):
         level = logging.INFO if outcome.fate in (Fate.EXITED, Fate.GONE) else logging.WARNING
+        if not log.isEnabledFor(level):
+            continue  # a line per process, built only where it is written
         log.log(level, "drain process: %s", logfmt({
             "pid": outcome.pid, "name": outcome.name, "role": outcome.role,
             "root_pid": outcome.root_pid, "tier": outcome.tier, "fate": outcome.fate.value,

@@ -91,10 +91,12 @@ class Listing:
 
 def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
                    exited: Mapping[int, float], facts: Mapping[int, RootFacts],
-                   reach: Mapping[int, int] | None = None) -> Listing:
+                   reach: Mapping[int, int] | None = None, *, cmdlines: bool = True) -> Listing:
     """The live roots' trees and every root's leftovers (``exited``: registered roots that
     exited, PID to start time), from one ``/proc`` snapshot; under a root of ``reach`` (root
-    PID → UID) only processes that UID could signal."""
+    PID → UID) only processes that UID could signal. ``cmdlines=False`` leaves each
+    process's command line out (a read per process, which the kill's own listing does not
+    need)."""
     listing = Listing(procfs.snapshot())
     snap, boot = listing.snap, procfs.boot_time()
     kids = procfs.children_by_parent(snap.values())
@@ -109,7 +111,8 @@ def list_processes(live: Roots, previous: Mapping[int, ProcessOutcome],
             return
         listing.processes[pid] = ProcessOutcome(
             pid=pid, name=stat.name, start_time=stat.start_time(boot),
-            cmdline=procfs.cmdline(pid), root_pid=root, parent_pid=stat.ppid, depth=depth,
+            cmdline=procfs.cmdline(pid) if cmdlines else "", root_pid=root,
+            parent_pid=stat.ppid, depth=depth,
             role=role, detail=detail)
         if stat.zombie and stat.exit_status is not None:
             # A zombie holds its PID, so the exit status /proc shows is this process's.
@@ -250,7 +253,8 @@ class ProcessScan:
         process that left a tree. Never a client of the coordinator, nor a parent of one."""
         live_pids = {pid for pid, _ in live}
         exited = {pid: start for pid, start in self.exited.items() if pid not in live_pids}
-        listing = list_processes(live, self.scanned, exited, self._facts, self.reach)
+        listing = list_processes(live, self.scanned, exited, self._facts, self.reach,
+                                 cmdlines=False)
         out = {o.pid: o for o in self.left_behind.values() if o.root_pid in exited}
         out.update((o.pid, o) for o in self.scanned.values()
                    if o.root_pid in exited and o.depth > 0)
