@@ -1,6 +1,7 @@
 """Exit detection of the kill engine against psutil polling and ``psutil.wait_procs``.
 
     python -m bench.kill [--sizes 10,100,500] [--spread-ms 300] [--repeats 3] [--idle-s 3]
+                         [--baseline DIR]
 
 For each size N, N children are forked from this process (no new interpreter each: cheap
 enough for 500). Each blocks SIGTERM and waits for it; on SIGTERM it sleeps its share of a
@@ -17,6 +18,15 @@ per-process lag, and the CPU time this process spent while signalling and waitin
 ratios of the baselines to the engine. Last, the cost of waiting on N live processes for
 ``--idle-s`` seconds (the engine's exit watcher, the 50 ms poll, ``wait_procs``).
 
+The engine runs on an event loop of its own (``loop.run_until_complete``), not under
+``asyncio.run``: on Python 3.11 the runner's SIGINT handler is a partial holding the main
+task, and restoring the previous handler formats it, the task's result (the whole report)
+included, which is tens of milliseconds of CPU at N = 500 that are the benchmark's own.
+
+``--baseline DIR`` (a checkout of another commit with its own ``.venv``) adds
+``engine@DIR``: that tree's kill engine, each run in a process of its own started from DIR,
+taking its turn with the others on the same children's shape.
+
 Every child has PR_SET_PDEATHSIG(SIGKILL) and is SIGKILLed and reaped in a ``finally``, so
 none outlives the benchmark even when it fails.
 """
@@ -25,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import resource
 import signal
@@ -34,7 +45,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -140,10 +153,14 @@ def wait_until_waiting(pids: list[int]) -> None:
 
 
 def by_engine(pids: list[int]) -> dict[int, float]:
-    report = asyncio.run(terminate(
-        [Target(pid, include_tree=False) for pid in pids],
-        KillPolicy(tier_timeout_s=30, deadline_s=60),
-    ))
+    loop = asyncio.new_event_loop()
+    try:
+        report = loop.run_until_complete(terminate(
+            [Target(pid, include_tree=False) for pid in pids],
+            KillPolicy(tier_timeout_s=30, deadline_s=60),
+        ))
+    finally:
+        loop.close()
     return {p.pid: p.ended_at for p in report.processes if p.ended_at is not None}
 
 
@@ -218,7 +235,11 @@ def idle_cost(name: str, n: int, seconds: float) -> float:
         procs = [psutil.Process(pid) for pid in children.pids]
         cpu0, wall0 = time.process_time(), time.monotonic()
         if name == "engine":
-            asyncio.run(engine_idle(children.pids, seconds))
+            loop = asyncio.new_event_loop()
+            try:
+                loop.run_until_complete(engine_idle(children.pids, seconds))
+            finally:
+                loop.close()
         elif name == "poll50":
             while time.monotonic() - wall0 < seconds:
                 for p in procs:
@@ -245,6 +266,14 @@ async def engine_idle(pids: list[int], seconds: float) -> None:
         os.close(fd)
 
 
+def in_baseline(tree: Path, *args: str) -> Any:
+    """Run this file's ``--one`` mode with ``tree``'s Python and packages; its JSON answer."""
+    out = subprocess.run(
+        [str(tree / ".venv/bin/python"), __file__, *args], cwd=tree, check=True,
+        env={**os.environ, "PYTHONPATH": str(tree)}, stdout=subprocess.PIPE, text=True)
+    return json.loads(out.stdout)
+
+
 def fmt(x: float) -> str:
     return f"{x:8.2f}"
 
@@ -255,37 +284,72 @@ def main() -> None:
     parser.add_argument("--spread-ms", type=float, default=300.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=3.0)
+    parser.add_argument("--baseline", type=Path, default=None,
+                        help="a checkout of another commit with its .venv: its engine too")
+    parser.add_argument("--one", nargs=3, metavar=("N", "SEED", "IDLE_S"),
+                        help=argparse.SUPPRESS)  # the baseline's side: one engine run
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    limit = 4 * max(sizes) if args.one is None else 4 * int(args.one[0])
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 4 * max(sizes):
-        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4 * max(sizes) + 256), hard))
+    if soft < limit:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, limit + 256), hard))
+    if args.one is not None:
+        n, seed, idle_s = int(args.one[0]), int(args.one[1]), float(args.one[2])
+        if idle_s > 0:
+            print(json.dumps(idle_cost("engine", n, idle_s)))
+        else:
+            print(json.dumps(asdict(measure(by_engine, n, args.spread_ms / 1000, seed))))
+        return
+    spread_s = args.spread_ms / 1000
+
+    def here(method: Method) -> Callable[[int, int], Run]:
+        return lambda n, seed: measure(method, n, spread_s, seed)
+
+    methods = {name: here(method) for name, method in METHODS.items()}
+    base_name = ""
+    if args.baseline is not None:
+        base = args.baseline.resolve()
+        base_name = f"engine@{base.name}"
+
+        def baseline(n: int, seed: int) -> Run:
+            return Run(**in_baseline(base, "--spread-ms", str(args.spread_ms),
+                                     "--one", str(n), str(seed), "0"))
+
+        methods[base_name] = baseline
 
     print(f"exit detection, exits spread over {args.spread_ms:.0f} ms; "
-          f"median of {args.repeats} runs; lags and CPU in ms")
-    print(f"{'N':>5} {'method':<11}{'last-lag':>9}{'med-lag':>9}{'max-lag':>9}{'cpu':>9}")
+          f"median of {args.repeats} runs; lags and CPU in ms "
+          f"(load average {os.getloadavg()[0]:.2f})")
+    print(f"{'N':>5} {'method':<{max(11, len(base_name) + 1)}}{'last-lag':>9}{'med-lag':>9}"
+          f"{'max-lag':>9}{'cpu':>9}")
+    width = max(11, len(base_name) + 1)
     for n in sizes:
-        results: dict[str, Run] = {}
-        for name, method in METHODS.items():
-            runs = [measure(method, n, args.spread_ms / 1000, seed)
-                    for seed in range(args.repeats)]
-            results[name] = Run(*(statistics.median(getattr(r, f) for r in runs)
-                                  for f in ("last_lag_ms", "median_lag_ms", "max_lag_ms",
-                                            "cpu_ms")))
-            r = results[name]
-            print(f"{n:>5} {name:<11}{fmt(r.last_lag_ms)} {fmt(r.median_lag_ms)} "
+        runs: dict[str, list[Run]] = {name: [] for name in methods}
+        for seed in range(args.repeats):  # the methods take turns, run after run
+            for name, run in methods.items():
+                runs[name].append(run(n, seed))
+        results = {name: Run(*(statistics.median(getattr(r, f) for r in rs)
+                               for f in ("last_lag_ms", "median_lag_ms", "max_lag_ms",
+                                         "cpu_ms")))
+                   for name, rs in runs.items()}
+        for name, r in results.items():
+            print(f"{n:>5} {name:<{width}}{fmt(r.last_lag_ms)} {fmt(r.median_lag_ms)} "
                   f"{fmt(r.max_lag_ms)} {fmt(r.cpu_ms)}")
         eng = results["engine"]
-        for base in ("poll50", "wait_procs"):
-            b = results[base]
-            print(f"{n:>5}   {base}/engine: last-lag x{b.last_lag_ms / eng.last_lag_ms:.0f}, "
-                  f"median lag x{b.median_lag_ms / eng.median_lag_ms:.0f}, "
-                  f"cpu x{b.cpu_ms / eng.cpu_ms:.1f}")
+        for other in [name for name in results if name != "engine"]:
+            b = results[other]
+            print(f"{n:>5}   {other}/engine: last-lag x{b.last_lag_ms / eng.last_lag_ms:.1f}, "
+                  f"median lag x{b.median_lag_ms / eng.median_lag_ms:.1f}, "
+                  f"cpu x{b.cpu_ms / eng.cpu_ms:.2f}")
 
     n = max(sizes)
     print(f"\nwaiting {args.idle_s:.0f} s on {n} live processes (% of one core)")
     for name in METHODS:
-        print(f"  {name:<11}{idle_cost(name, n, args.idle_s):6.2f} %")
+        print(f"  {name:<{width}}{idle_cost(name, n, args.idle_s):6.2f} %")
+    if args.baseline is not None:
+        idle = in_baseline(args.baseline.resolve(), "--one", str(n), "0", str(args.idle_s))
+        print(f"  {base_name:<{width}}{idle:6.2f} %")
 
 
 if __name__ == "__main__":
