@@ -232,8 +232,9 @@ def main() -> int:
     parser.add_argument("--push-readers", default="loop,thread")
     parser.add_argument("--push-tokens", type=int, default=40)
     parser.add_argument("--latency-slice-us", type=int, metavar="US",
-                        help="pod A's engines ask for this scheduling slice "
-                             "(WorkerClient latency_slice_us; default: left alone)")
+                        help="pod A's engines' WorkerClient latency_slice_us: a slice kept "
+                             "for good, or 0 (scheduling left alone); default: the client's "
+                             "(a 100 us slice from the doorbell's ring)")
     parser.add_argument("--keep-timings", metavar="DIR",
                         help="keep the workers' per-drain timing records there (NDJSON)")
     parser.add_argument("--json", action="store_true")

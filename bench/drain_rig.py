@@ -45,9 +45,13 @@ def start_router(janitor: ProcessJanitor, tmp: Path, pod_a: list[EngineHandle],
 
 
 def slice_note(args: argparse.Namespace) -> str:
-    """The scheduling hint the engines ran with, for the report's first line."""
+    """How the engines' loops were scheduled around the notice, for the report's first line."""
     us = args.latency_slice_us
-    return "" if us is None else f"; engines' loop slice {us} us + yield at the doorbell"
+    if us is None:
+        return "; engines' loops: the default (a 100 us slice from the doorbell's ring)"
+    if us == 0:
+        return "; engines' loops: scheduling left alone (latency_slice_us=0)"
+    return f"; engines' loops: a {us} us slice for good + yield at the doorbell"
 
 
 def urlsplit_hostport(url: str) -> tuple[str, int]:

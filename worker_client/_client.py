@@ -22,7 +22,7 @@ from worker_client._loop import LoopBridge
 from worker_client._prekill import PrekillHook, PrekillHooks
 from worker_client._registration import Registration
 from worker_client._reporter import DEFAULT_WINDOW_S
-from worker_client._scheduling import set_thread_slice
+from worker_client._scheduling import LoopScheduling
 from worker_client._tracking import Ack, Tracker, TrackScope
 from worker_client.errors import HandedBack
 
@@ -54,11 +54,12 @@ class WorkerClient:
     either says "none" (``InvalidSetting`` when the token file cannot be read).
 
     ``event_reader``: where the drain notice is read, ``loop`` (on the engine's loop when
-    there is one) or ``thread``. ``latency_slice_us``: for engines that share CPUs with other
-    engines of the pod (Linux 6.12+), the engine's loop thread asks for this scheduling slice
-    and yields the CPU once right after a doorbell notice, so that the engines woken by the
-    same write set their ``shutdown_event`` without waiting for each other's hand-back work
-    (``_scheduling``); None leaves the engine's scheduling alone. ``handoff_ack``: who
+    there is one) or ``thread``. ``latency_slice_us``: how the engine's loop thread is
+    scheduled around a doorbell notice, so that the engines of a pod woken by the same write
+    set their ``shutdown_event`` without waiting for each other's hand-back work (Linux
+    6.12+, ``_scheduling``): None (the default) takes a 100 us slice from the ring until an
+    abort and yields the CPU once; N keeps an N us slice for good; 0 leaves the engine's
+    scheduling alone. ``handoff_ack``: who
     acknowledges this worker's handoffs by default, ``router`` (one that reads ``/status``)
     or ``engine`` (the engine's own router migrates the stream and never acknowledges, as
     Dynamo's frontend does). ``drain_observer``: given a ``DrainNotice`` at each drain (for
@@ -84,8 +85,7 @@ class WorkerClient:
     ) -> None:
         self.event_reader = _settings.event_reader(event_reader)
         self.latency_slice_us = _settings.latency_slice(latency_slice_us)
-        self.latency_slice_set: bool | None = None
-        """Whether the kernel took the slice (None until tried)."""
+        self._scheduling = LoopScheduling(self.latency_slice_us)
         self.handoff_ack: Ack = handoff_ack
         where = _settings.coordinator_url(coordinator_url)
         self.coordinator_url = where.rstrip("/") if where else None
@@ -109,7 +109,7 @@ class WorkerClient:
         self.registered: threading.Event = self._link.registered
         self._prekill = PrekillHooks(self._bridge, self._link.reporter.prekill_done)
         self._dispatch = EventDispatch(self._bridge, self._drain, self._prekill,
-                                       yield_after_ring=self.latency_slice_us is not None)
+                                       self._scheduling)
         self._link.on_event = self._dispatch.event
         self._link.on_registered = self._dispatch.registered
         self._close_listeners: list[Callable[[], None]] = []
@@ -150,16 +150,15 @@ class WorkerClient:
             except RuntimeError:
                 loop = None
         self._bridge.loop = loop
-        if self.latency_slice_us is not None and loop is not None:
-            self._bridge.call(self._set_slice)
+        if loop is not None:
+            self._bridge.call(self._scheduling.bound)
         self._link.start()
         return self
 
     def attach_loop(self, loop: asyncio.AbstractEventLoop) -> None:
         """Bind to a loop that did not exist when ``start`` ran."""
         self._bridge.loop = loop
-        if self.latency_slice_us is not None and self.latency_slice_set is None:
-            loop.call_soon_threadsafe(self._set_slice)
+        loop.call_soon_threadsafe(self._scheduling.bound)
 
     def close(self, deregister: bool | None = None) -> None:
         """Stop the background threads; deregister unless a drain is on (by default)."""
@@ -170,10 +169,10 @@ class WorkerClient:
         self._dispatch.close_doorbell()
         self._link.close(deregister)
 
-    def _set_slice(self) -> None:
-        """On the loop's thread: the slice is per thread."""
-        assert self.latency_slice_us is not None
-        self.latency_slice_set = set_thread_slice(self.latency_slice_us)
+    @property
+    def latency_slice_set(self) -> bool | None:
+        """Whether the kernel took the loop thread's slice (None until one was asked for)."""
+        return self._scheduling.slice_set
 
     # -- requests ---------------------------------------------------------------------------
 

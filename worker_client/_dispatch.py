@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import shutdown_wire as wire
@@ -19,15 +18,16 @@ from worker_client._doorbell import DoorbellWatch
 from worker_client._drain import DrainState
 from worker_client._loop import LoopBridge
 from worker_client._prekill import PrekillHooks
+from worker_client._scheduling import LoopScheduling
 
 
 class EventDispatch:
     def __init__(self, bridge: LoopBridge, drain: DrainState, prekill: PrekillHooks,
-                 yield_after_ring: bool) -> None:
+                 scheduling: LoopScheduling) -> None:
         self._bridge = bridge
         self._drain = drain
         self._prekill = prekill
-        self._yield_after_ring = yield_after_ring
+        self._scheduling = scheduling
         self._doorbell: DoorbellWatch | None = None
         """The coordinator's doorbell, watched on the loop (loop reader only)."""
         drain.on_abort_on_loop = self._rearm_doorbell
@@ -70,11 +70,11 @@ class EventDispatch:
 
     def _rang(self) -> None:
         self._drain.begin({"type": wire.EVENT_DRAIN, "reason": "doorbell"}, "doorbell")
-        if self._yield_after_ring:
-            # Every engine of the pod woke at this same write: let those not yet run set
-            # their events before this one starts handing its requests back.
-            os.sched_yield()
+        # Every engine of the pod woke at this same write: let those not yet run set their
+        # events before this one starts handing its requests back (``_scheduling``).
+        self._scheduling.rang()
 
     def _rearm_doorbell(self) -> None:
+        self._scheduling.aborted()
         if self._doorbell is not None:
             self._doorbell.rearm()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.servers import FAST, start_coordinator
+from tests.service.servers import FAST, hold_drains, start_coordinator
 from tests.support.processes import ProcessJanitor, wait_for
 from worker_client import WorkerClient
 from worker_client._scheduling import set_thread_slice
@@ -26,6 +26,11 @@ def _slice_ns(pid: int, tid: int) -> int | None:
         if line.startswith("se.slice"):
             return int(line.split(":")[1])
     return None
+
+
+def _holds_slice(pid: int, slice_ns: int | None) -> bool:
+    """The engine's loop thread (its main thread) has that slice now."""
+    return _slice_ns(pid, pid) == slice_ns
 
 
 needs_slices = pytest.mark.skipif(
@@ -78,9 +83,53 @@ def test_an_engine_with_the_hint_runs_its_loop_with_the_short_slice_and_still_dr
     assert child.wait(timeout=30) == -signal.SIGTERM
 
 
-@pytest.mark.parametrize("slice_us", [0, 99, 100_001])
+@needs_slices
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_by_default_the_short_slice_lasts_from_the_ring_to_the_abort(
+    janitor: ProcessJanitor, tmp_path: Path, setting: str | None
+) -> None:
+    """1. A coordinator with its doorbell; an asyncio engine with the default scheduling
+       (or WORKER_CLIENT_LATENCY_SLICE_US=0: left alone); a registered holder keeps each
+       drain in migrating until the test aborts it.
+    2. While it serves, its loop thread has the kernel's default slice.
+    3. POST /drain: the doorbell sets its shutdown_event; its loop thread now has a 100 us
+       slice (0: still the default one).
+    4. DELETE /drain: serving again, the default slice again.
+    5. The next drain ends done; its kill's SIGTERM ends the engine."""
+    bell = tmp_path / "run" / "doorbell"
+    coordinator = start_coordinator(janitor, tmp_path, *FAST, "--doorbell", str(bell))
+    env = {"PYTHONPATH": str(ROOT)}
+    if setting is not None:
+        env["WORKER_CLIENT_LATENCY_SLICE_US"] = setting
+    child = janitor.spawn([sys.executable, str(CHILD), coordinator.url, "loop", "follow"],
+                          cwd=ROOT, stdout=subprocess.PIPE, env=env)
+    held = hold_drains(coordinator, janitor.spawn(["sleep", "600"]).pid)
+    assert child.stdout is not None
+    assert child.stdout.readline() == b"registered\n"
+    default = _slice_ns(child.pid, child.pid)
+    assert default != 100_000
+    during = 100_000 if setting is None else default
+    with coordinator.client() as client:
+        wait_for(lambda: any(w["connected"] for w in coordinator.status()["workers"]),
+                 what="event stream open")
+        assert client.post("/drain", json={"wait": False}).status_code == 202
+        line = child.stdout.readline().decode()
+        assert line.startswith("drain read-in=MainThread set-on-loop=True source="), line
+        # The doorbell rings before the drain line is written; the slice is taken when it
+        # is heard, whichever of the two the engine read first.
+        wait_for(lambda: _holds_slice(child.pid, during), what="the loop's slice in the drain")
+        assert child.stdout.readline() == b"deadline-known\n"
+        assert client.delete("/drain").status_code == 200
+        assert child.stdout.readline() == b"aborted\n"
+        assert _holds_slice(child.pid, default)
+        client.post(f"/workers/{held}/report", json={"inflight": 0})
+        assert client.get("/drain").json()["phase"] == "done"
+    assert child.wait(timeout=30) == -signal.SIGTERM
+
+
+@pytest.mark.parametrize("slice_us", [-1, 99, 100_001])
 def test_a_slice_out_of_the_kernels_range_is_refused(slice_us: int) -> None:
-    """1. Below the kernel's 100 us floor, or above its 100 ms ceiling: ValueError at
-       construction, before anything runs."""
+    """1. Below the kernel's 100 us floor (0 is ``off``), or above its 100 ms ceiling:
+       ValueError at construction, before anything runs."""
     with pytest.raises(ValueError, match="latency_slice_us"):
         WorkerClient(None, latency_slice_us=slice_us)
