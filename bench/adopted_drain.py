@@ -11,8 +11,9 @@ gone). Each round starts a fresh tree and a fresh coordinator adopting it, waits
 ``/status`` lists all N processes, then times ``GET /drain`` (the kubelet's preStop call)
 from the request to the whole summary read. The coordinator runs as the shipped manifests
 run it: a state file (written at every change, so a restarted coordinator resumes the drain),
-the default log level (a line per process, into a pipe to ``/dev/null``). The summary must say ``graceful`` with every
-process ``exited``, and every child must have exited 0 as its root saw it (``waitpid``).
+the default log level (a line per process, into a pipe to ``/dev/null``). The summary must
+say ``graceful`` with every process ``exited``, and every child must have exited 0 as its
+root saw it (``waitpid``).
 
 Printed per round and as medians: the round trip, the time beyond the cleanup (the round trip
 less ``--cleanup-s``: what the drain itself adds), and the CPU the coordinator spent between
