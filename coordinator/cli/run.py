@@ -16,7 +16,7 @@ import os
 import sys
 
 from coordinator import exit_codes
-from coordinator.cli.serve import add_settings_arguments, checked_settings
+from coordinator.cli.serve import add_settings_arguments, checked_settings, refused_start
 
 STOP_SIGNAL_ENV = "SHUTDOWN_COORDINATOR_STOP_SIGNAL"
 DEFAULT_STOP_SIGNAL = "SIGTERM"
@@ -50,7 +50,6 @@ def interrupted(args: argparse.Namespace) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the ``run`` subcommand until the engine has ended; returns its exit status."""
-    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
     from coordinator.init.engine_child import SpawnError
     from coordinator.init.lifecycle import parse_signal
     from coordinator.init.server import run_engine
@@ -79,12 +78,7 @@ def run(args: argparse.Namespace) -> int:
         except SpawnError as exc:
             print(f"shutdown-coordinator run: {exc}", file=sys.stderr)
             return exc.exit_code
-        except StateFileRefused as exc:
-            print(f"shutdown-coordinator run: {exc}", file=sys.stderr)
-            return (exit_codes.STATE_FILE_LOCKED if isinstance(exc, StateFileLocked)
-                    else exit_codes.STATE_FILE_UNSAFE)
         except OSError as exc:
-            print(f"shutdown-coordinator run: {exc}", file=sys.stderr)
-            return exit_codes.USAGE
+            return refused_start(exc, "run")
     finally:
         gc.enable()

@@ -197,7 +197,6 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     # Imported here: FastAPI, uvicorn and psutil would slow every other command's start,
     # among them ``drain`` in the preStop hook.
-    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
     from coordinator.service.server import serve
 
     checked = checked_settings(args, "serve")
@@ -206,13 +205,22 @@ def _run(args: argparse.Namespace) -> int:
     settings, posture = checked
     try:
         return serve(settings, checked=posture)
-    except StateFileRefused as exc:
-        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
-        return (exit_codes.STATE_FILE_LOCKED if isinstance(exc, StateFileLocked)
-                else exit_codes.STATE_FILE_UNSAFE)
     except OSError as exc:
-        print(f"shutdown-coordinator serve: {exc}", file=sys.stderr)
-        return exit_codes.USAGE
+        return refused_start(exc, "serve")
+
+
+def refused_start(exc: OSError, command: str) -> int:
+    """Say why the service could not start (on stderr) and return its exit code: the state
+    file's own for a state file refused (locked by another coordinator, or unsafe), usage
+    for anything else (an address in use, a file that cannot be opened)."""
+    from coordinator.drain.state_claim import StateFileLocked, StateFileRefused
+
+    print(f"shutdown-coordinator {command}: {exc}", file=sys.stderr)
+    if isinstance(exc, StateFileLocked):
+        return exit_codes.STATE_FILE_LOCKED
+    if isinstance(exc, StateFileRefused):
+        return exit_codes.STATE_FILE_UNSAFE
+    return exit_codes.USAGE
 
 
 def checked_settings(args: argparse.Namespace,
