@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from tests.deploy.rendering import DRAIN_HOOK, SHIPPED, Rendered, kubectl, render, stage
-from tests.engines.stack import ROOT, alive, start_vllm, tree
+from tests.engines.stack import ROOT, Vllm, alive, start_vllm, tree
 from tests.engines.test_vllm_adopted import escalations
 from tests.engines.tiny_model import prompt
 from tests.service.servers import Running
@@ -43,12 +43,14 @@ def rendered(name: str, scratch: Path) -> Rendered:
 
 
 def start_coordinator_as_rendered(janitor: ProcessJanitor, tmp: Path, pod: Rendered,
-                                  vllm_url: str) -> Running:
+                                  vllm: Vllm) -> Running:
     """``serve`` with the overlay's ConfigMap, the engine's metrics moved too (it listens on
-    a free port here, not on 8000). The profile's own patterns find the engine: the engine
-    tests run one at a time."""
+    a free port here, not on 8000). The profile's own patterns find the engine, confined to
+    its tree: in a pod the PID namespace is the boundary, on this host any other vLLM (a
+    container's, another test's) would match them too."""
     return start_coordinator_with(janitor, tmp, {
-        **pod.settings, "SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL": vllm_url + "/metrics"})
+        **pod.settings, "SHUTDOWN_COORDINATOR_ENGINE_METRICS_URL": vllm.url + "/metrics",
+        "SHUTDOWN_COORDINATOR_CONFINE_TO_PID": str(vllm.proc.pid)})
 
 
 def start_coordinator_with(janitor: ProcessJanitor, tmp: Path,
@@ -111,7 +113,7 @@ def test_the_overlay_drains_its_real_engine(janitor: ProcessJanitor, tmp_path: P
     vllm = start_vllm(janitor, tmp_path, tiny_model, argv=[*command[1:], *kept],
                       extra_env=container_env)
     before = tree(vllm.proc.pid)
-    coordinator = start_coordinator_as_rendered(janitor, tmp_path, pod, vllm.url)
+    coordinator = start_coordinator_as_rendered(janitor, tmp_path, pod, vllm)
     wait_for(lambda: set(before) <= {p["pid"] for p in coordinator.status()["processes"]},
              timeout=60, what="the coordinator lists the whole vLLM tree")
 
