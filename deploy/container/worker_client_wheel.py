@@ -126,11 +126,14 @@ def build(repo: Path, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2],
-                        help="the repository root (default: this file's)")
+    parser.add_argument("--repo", type=Path, default=None,
+                        help="the repository root (default: this file's, two levels up)")
     parser.add_argument("--out", type=Path, required=True, help="directory to write into")
     args = parser.parse_args(argv)
-    print(build(args.repo, args.out))
+    # Looked up only when not given: in the recipe's build stage this file is /src's own
+    # (/src/worker_client_wheel.py), with no repository two levels above it.
+    repo = args.repo if args.repo is not None else Path(__file__).resolve().parents[2]
+    print(build(repo, args.out))
     return 0
 
 
