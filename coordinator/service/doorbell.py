@@ -58,7 +58,13 @@ def auto_dir() -> Path:
     runtime = os.environ.get("XDG_RUNTIME_DIR")
     if runtime and os.path.isdir(runtime) and os.access(runtime, os.W_OK | os.X_OK):
         return Path(runtime)
-    return Path(tempfile.gettempdir())
+    try:
+        return Path(tempfile.gettempdir())
+    except FileNotFoundError:
+        # No writable temp directory at all (a read-only root filesystem and no /tmp
+        # volume): the pipe cannot be made there, which ``open`` reports, and the
+        # coordinator serves without a doorbell instead of failing to start.
+        return Path("/tmp")
 
 
 def sweep_stale(directory: Path) -> int:
