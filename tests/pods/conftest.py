@@ -1,0 +1,72 @@
+"""Fixtures of the pod tests: podman (skipped, with the reason, where it cannot run), the
+images (built once per session), the kernel's exit records, and pods that are removed
+whatever the test did.
+
+Every test module here is marked ``container`` (``pytestmark``): the core suite leaves them
+out, scripts/test.sh runs them in its container step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.pods import exits
+from tests.pods.images import Images
+from tests.pods.kubelet import Pod
+from tests.pods.podman import Podman, unavailable
+from tests.pods.spec import Objects
+from tests.support.processes import ProcessJanitor
+
+
+@pytest.fixture(scope="session")
+def podman() -> Iterator[Podman]:
+    reason = unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    runtime = Podman()
+    runtime.prepare()
+    runtime.remove_leftovers()  # what an earlier, killed run left
+    yield runtime
+    runtime.remove_leftovers()
+
+
+@pytest.fixture(scope="session")
+def images(podman: Podman) -> Images:
+    return Images(podman)
+
+
+@pytest.fixture
+def process_exits() -> Iterator[exits.ProcessExits]:
+    reason = exits.unavailable()
+    if reason is not None:
+        pytest.skip(reason)
+    with exits.ProcessExits() as listener:
+        yield listener
+
+
+PodFactory = Callable[..., Pod]
+
+
+@pytest.fixture
+def pods(podman: Podman, janitor: ProcessJanitor, tmp_path: Path) -> Iterator[PodFactory]:
+    """``pods(template, objects, name=...)``: a ``Pod`` (not started) that is removed at the
+    end of the test, with everything the node ran for it."""
+    made: list[Pod] = []
+
+    def make(template: Mapping[str, Any], objects: Objects | None = None, *, name: str = "pod",
+             extra_ports: Sequence[int] = ()) -> Pod:
+        pod = Pod(podman, template, objects or Objects(), name=name,
+                  workdir=tmp_path / f"pod-{len(made)}", spawn=janitor.spawn,
+                  extra_ports=extra_ports)
+        made.append(pod)
+        return pod
+
+    try:
+        yield make
+    finally:
+        for pod in reversed(made):
+            pod.close()

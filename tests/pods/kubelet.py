@@ -1,0 +1,632 @@
+"""A pod started and deleted the way the kubelet does it, on podman.
+
+Each step follows the kubelet's code (kubernetes/kubernetes at fbba6b47, files under
+``pkg/kubelet/``); docs/deploy.md ("Pods on a real container runtime") lists what is not
+reproduced.
+
+Start (``Pod.start``; ``kuberuntime/kuberuntime_manager.go`` ``SyncPod``):
+
+1. The sandbox: a podman pod sharing the network, IPC and UTS namespaces, and the PID
+   namespace when ``shareProcessNamespace`` is set, whose infra container (podman's
+   catatonit) is PID 1 as the pause container is (``createPodSandbox``). Its hostname is
+   the pod's name; its IP (``POD_IP``) an address of its own loopback.
+2. The volumes, made on the node before any container (``volumemanager``).
+3. The init containers in order (``computeInitContainerActions``): a regular one must exit 0
+   before the next starts; a native sidecar (``restartPolicy: Always``) counts as started
+   once it runs and its ``postStart`` hook returned, or once its startup probe passed when
+   it has one, and the next starts then, without waiting for its readiness.
+4. The containers, one after the other in the spec's order, each created, started and its
+   ``postStart`` hook run (``startContainer``: steps 2-4).
+5. Probes for every running container (``prober/worker.go``): the startup probe until it
+   passes, then the readiness and liveness probes every ``periodSeconds``, each result
+   counted against its thresholds. A container without a readiness probe is ready once
+   started. Liveness failures are recorded as ``Unhealthy`` events; the container is not
+   restarted (not reproduced).
+
+Delete (``Pod.delete``; ``kuberuntime_container.go`` ``killContainersWithSyncResult``,
+``killContainer``, ``executePreStopHook``; ``kuberuntime_termination_order.go``):
+
+1. Every running container is killed at once, each in a thread of its own, with the grace
+   period ``T`` (``terminationGracePeriodSeconds``, or the deletion's own).
+2. Its ``preStop`` hook runs first; the kubelet waits for it at most ``T`` seconds, then takes
+   the whole seconds it waited off ``T``. A hook that fails is recorded as a
+   ``FailedPreStopHook`` Warning event ("PreStopHook failed"), and nothing else changes.
+3. A sidecar then waits for its turn: until every main container and every sidecar started
+   after it has terminated, at most the grace left (whole seconds taken off again).
+4. The grace left is raised to at least 2 s (``minimumGracePeriodInSeconds``) and the
+   container is stopped by the runtime with it: ``podman stop -t <grace>`` sends the
+   image's stop signal (SIGTERM) to the container's main process and SIGKILL when the grace
+   runs out, as containerd's ``StopContainer`` does.
+5. Once every container has stopped, the sandbox is stopped (``StopPodSandbox``) and the
+   pod is gone.
+
+What the runtime recorded (``podman inspect``: exit code, OOM kill, times) and each
+container's log are kept before the pod is removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tests.pods.handlers import HandlerResult, Node, handler_ports, resolve_port
+from tests.pods.podman import LABEL, Podman
+from tests.pods.spec import (
+    POD_IP,
+    CreateContainerConfigError,
+    Objects,
+    PodMeta,
+    Volume,
+    make_volume,
+    podman_create_args,
+    unmount_volumes,
+)
+
+MINIMUM_GRACE_S = 2
+"""``minimumGracePeriodInSeconds``: the least a container is given to stop."""
+RELAY = Path(__file__).with_name("relay.py")
+SIGKILL_WARNING = re.compile(r"failed to stop container .* resorting to SIGKILL")
+PROBE_DEFAULTS = {"periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1,
+                  "failureThreshold": 3, "initialDelaySeconds": 0}
+
+
+@dataclass
+class Event:
+    """A Kubernetes Event the kubelet would record for the pod."""
+
+    at: float
+    type: str
+    reason: str
+    container: str
+    message: str
+
+
+@dataclass
+class Container:
+    """One of the pod's containers: its spec, and what happened to it."""
+
+    spec: dict[str, Any]
+    init: bool
+    index: int
+    runtime_name: str
+    started: bool = False
+    ready: bool = False
+    ready_changes: list[tuple[float, bool]] = field(default_factory=list)
+    host_pid: int | None = None
+    """The container's main process on the host, while it runs."""
+    start_ticks: int | None = None
+    """Its start time (``/proc/<pid>/stat``): with the PID, its identity."""
+    pod_pid: int | None = None
+    """The same process in the pod's PID namespace."""
+    hook: HandlerResult | None = None
+    waited_for_turn_s: float = 0.0
+    grace_given: int | None = None
+    """Seconds ``podman stop`` was given."""
+    stop_sent_at: float | None = None
+    stopped_at: float | None = None
+    runtime_sigkill: bool = False
+    """podman said it had to SIGKILL the main process (the stop signal did not end it)."""
+    state: dict[str, Any] = field(default_factory=dict)
+    """``State`` of ``podman inspect`` once it exited."""
+    log: str = ""
+
+    @property
+    def name(self) -> str:
+        return str(self.spec["name"])
+
+    @property
+    def sidecar(self) -> bool:
+        return self.init and self.spec.get("restartPolicy") == "Always"
+
+    @property
+    def exit_code(self) -> int | None:
+        code = self.state.get("ExitCode")
+        return None if code is None else int(code)
+
+
+@dataclass
+class Deletion:
+    """One deletion of the pod, as the kubelet ran it."""
+
+    grace_period: int
+    started_at: float
+    gone_at: float | None = None
+    containers: dict[str, Container] = field(default_factory=dict)
+
+    @property
+    def seconds(self) -> float:
+        assert self.gone_at is not None
+        return self.gone_at - self.started_at
+
+
+class TerminationOrdering:
+    """``terminationOrdering``: a sidecar's turn comes once every main container and every
+    sidecar declared after it has terminated."""
+
+    def __init__(self, spec: Mapping[str, Any], running: set[str]) -> None:
+        self._done = {c["name"]: threading.Event() for c in
+                      [*(spec.get("initContainers") or []), *spec["containers"]]}
+        for name, done in self._done.items():
+            if name not in running:
+                done.set()
+        mains = [self._done[c["name"]] for c in spec["containers"]]
+        self._prereqs: dict[str, list[threading.Event]] = {}
+        later: str | None = None
+        for container in reversed(spec.get("initContainers") or []):
+            if container.get("restartPolicy") == "Always":
+                self._prereqs[container["name"]] = [
+                    *mains, *([self._done[later]] if later else [])]
+                later = container["name"]
+
+    def wait_for_turn(self, name: str, grace_s: int) -> float:
+        started = time.monotonic()
+        deadline = started + grace_s
+        for prereq in self._prereqs.get(name, ()):
+            if not prereq.wait(max(0.0, deadline - time.monotonic())):
+                break
+        return time.monotonic() - started
+
+    def terminated(self, name: str) -> None:
+        self._done[name].set()
+
+
+class Pod:
+    """A pod from a rendered pod template, run on podman (see the module's docstring).
+
+    ``close()`` always leaves nothing behind: it force-removes the pod (``podman pod rm -f``),
+    stops the node-side helpers and unmounts the pod's volumes."""
+
+    def __init__(self, podman: Podman, template: Mapping[str, Any], objects: Objects, *,
+                 name: str, workdir: Path, spawn: Callable[..., subprocess.Popen[Any]],
+                 extra_ports: Sequence[int] = ()) -> None:
+        self.podman = podman
+        self.spec: dict[str, Any] = dict(template["spec"])
+        metadata = template.get("metadata") or {}
+        self.name = f"{name}-{secrets.token_hex(3)}"
+        self.meta = PodMeta(self.name, secrets.token_hex(16), metadata.get("labels") or {},
+                            metadata.get("annotations") or {})
+        self.objects = objects
+        self.workdir = workdir
+        self._spawn = spawn
+        self.events: list[Event] = []
+        self._events_lock = threading.Lock()
+        self.containers: dict[str, Container] = {}
+        for init, key in ((True, "initContainers"), (False, "containers")):
+            for index, spec in enumerate(self.spec.get(key) or []):
+                self.containers[spec["name"]] = Container(
+                    dict(spec), init, index, f"{self.name}-{spec['name']}")
+        self._relay_dir = Path(tempfile.mkdtemp(prefix="pod-relay-"))
+        self.node = Node(self._relay_dir, self._exec_argv, self._spawn_exec)
+        self._relay: subprocess.Popen[Any] | None = None
+        self._ports = set(extra_ports)
+        for container in self.containers.values():
+            spec = container.spec
+            self._ports |= {int(p["containerPort"]) for p in spec.get("ports") or []}
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                self._ports |= handler_ports(spec.get(probe), spec)
+            for hook in ("postStart", "preStop"):
+                self._ports |= handler_ports((spec.get("lifecycle") or {}).get(hook), spec)
+        self._probing = threading.Event()
+        self._probers: list[threading.Thread] = []
+        self.infra_pid: int | None = None
+        self.deletion: Deletion | None = None
+        self._late_hooks: list[tuple[Container, threading.Thread, list[HandlerResult]]] = []
+        """Hooks that outlived the grace period the kubelet waited for them."""
+        self._closed = False
+
+    # Records.
+
+    def record(self, type_: str, reason: str, container: str, message: str) -> None:
+        with self._events_lock:
+            self.events.append(Event(time.time(), type_, reason, container, message))
+
+    def events_of(self, reason: str) -> list[Event]:
+        with self._events_lock:
+            return [e for e in self.events if e.reason == reason]
+
+    @property
+    def grace_period(self) -> int:
+        return int(self.spec.get("terminationGracePeriodSeconds", 30))
+
+    # Start.
+
+    def start(self, *, ready_timeout: float = 600.0) -> None:
+        """Steps 1-5 of the start (see the module's docstring); returns once the pod is
+        Ready (every container ready), failing after ``ready_timeout``."""
+        self._sandbox()
+        volumes = self._volumes()
+        for container in self.containers.values():
+            if container.init:
+                self._start_container(container, volumes)
+                if container.sidecar:
+                    self._wait_started(container, ready_timeout)
+                else:
+                    self._wait_exit_zero(container, ready_timeout)
+        for container in self.containers.values():
+            if not container.init:
+                self._start_container(container, volumes)
+        self.wait_ready(ready_timeout)
+
+    def _sandbox(self) -> None:
+        shared = ["ipc", "net", "uts"]
+        if self.spec.get("shareProcessNamespace"):
+            shared.append("pid")
+        self.podman.run("pod", "create", "--name", self.name, "--hostname", self.name,
+                        "--share", ",".join(shared), "--label", f"{LABEL}={self.name}")
+        self.podman.run("pod", "start", self.name)
+        infra = self.podman.run("pod", "inspect", "--format", "{{.InfraContainerID}}",
+                                self.name).stdout.strip()
+        self.infra_pid = int(self.podman.inspect(infra)["State"]["Pid"])
+        netns = f"--net=/proc/{self.infra_pid}/ns/net"
+        subprocess.run(["nsenter", netns, "ip", "addr", "add", f"{POD_IP}/32", "dev", "lo"],
+                       check=True, timeout=30)
+        self._relay = self._spawn(
+            ["nsenter", netns, "python3", str(RELAY), str(self._relay_dir), POD_IP,
+             *map(str, sorted(self._ports))], stdout=subprocess.PIPE, text=True)
+        assert self._relay.stdout is not None
+        line = self._relay.stdout.readline().strip()
+        assert line == "ready", f"the pod's relay did not start: {line!r}"
+
+    def _volumes(self) -> dict[str, Volume]:
+        fs_group = (self.spec.get("securityContext") or {}).get("fsGroup")
+        where = self.workdir / "volumes"
+        where.mkdir(parents=True, exist_ok=True)
+        return {v["name"]: make_volume(v, where, self.objects, fs_group)
+                for v in self.spec.get("volumes") or []}
+
+    def _image_user(self, image: str) -> str:
+        found = self.podman.json("image", "inspect", image)
+        if not found:
+            raise CreateContainerConfigError(f"image {image!r} is not present (ErrImageNeverPull)")
+        return str((found[0].get("Config") or {}).get("User") or "")
+
+    def _start_container(self, container: Container, volumes: Mapping[str, Volume]) -> None:
+        spec = container.spec
+        try:
+            args = podman_create_args(self.spec, spec, meta=self.meta, objects=self.objects,
+                                      volumes=volumes, image_user=self._image_user(spec["image"]))
+        except CreateContainerConfigError as exc:
+            self.record("Warning", "Failed", container.name, f"Error: {exc}")
+            raise
+        self.podman.run("create", "--pod", self.name, "--name", container.runtime_name,
+                        "--label", f"{LABEL}={self.name}", *args)
+        self.record("Normal", "Created", container.name, f"Created container: {container.name}")
+        self.podman.run("start", container.runtime_name)
+        self.record("Normal", "Started", container.name, f"Started container {container.name}")
+        state = self.podman.inspect(container.runtime_name)["State"]
+        container.host_pid = int(state["Pid"]) or None
+        if container.host_pid:
+            container.pod_pid = pod_pid(container.host_pid)
+            container.start_ticks = start_ticks(container.host_pid)
+        post_start = (spec.get("lifecycle") or {}).get("postStart")
+        if post_start:
+            result = self.node.run(post_start, spec, container.runtime_name)
+            if result.failed:
+                self.record("Warning", "FailedPostStartHook", container.name,
+                            "PostStartHook failed")
+                self.podman.run("stop", "-t", str(self.grace_period), container.runtime_name)
+                raise AssertionError(f"{container.name}: postStart failed: {result.error}")
+        self._start_probing(container)
+
+    def _wait_exit_zero(self, container: Container, timeout: float) -> None:
+        done = self.podman.run("wait", container.runtime_name, timeout=timeout)
+        code = int(done.stdout.strip() or -1)
+        if code != 0:
+            raise AssertionError(f"init container {container.name} exited {code}")
+
+    def _wait_started(self, container: Container, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not container.started:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"sidecar {container.name} not started in {timeout} s")
+            self._probing.wait(0.05)
+
+    # Probes.
+
+    def _start_probing(self, container: Container) -> None:
+        thread = threading.Thread(target=self._probe_loop, args=(container,), daemon=True,
+                                  name=f"prober-{container.name}")
+        self._probers.append(thread)
+        thread.start()
+
+    def _probe(self, container: Container, kind: str, state: dict[str, int]) -> bool | None:
+        """One run of a probe with its thresholds: True/False once they decide, else None."""
+        probe = {**PROBE_DEFAULTS, **container.spec[kind]}
+        result = self.node.run(probe, container.spec, container.runtime_name,
+                               probe_timeout=float(probe["timeoutSeconds"]))
+        if result.failed:
+            state["ok"], state["failed"] = 0, state.get("failed", 0) + 1
+            if kind == "livenessProbe" or (kind == "readinessProbe" and container.ready):
+                self.record("Warning", "Unhealthy", container.name,
+                            f"{kind.removesuffix('Probe').capitalize()} probe failed: "
+                            f"{result.error}")
+            return False if state["failed"] >= int(probe["failureThreshold"]) else None
+        state["failed"], state["ok"] = 0, state.get("ok", 0) + 1
+        return True if state["ok"] >= int(probe["successThreshold"]) else None
+
+    def _probe_loop(self, container: Container) -> None:
+        spec = container.spec
+        kinds: tuple[str, ...] = ("startupProbe", "readinessProbe", "livenessProbe")
+        period = {k: float({**PROBE_DEFAULTS, **spec[k]}["periodSeconds"])
+                  for k in kinds if k in spec}
+        if "startupProbe" in spec:
+            state: dict[str, int] = {}
+            delay = float(spec["startupProbe"].get("initialDelaySeconds", 0))
+            if self._probing.wait(delay):
+                return
+            while not self._probing.is_set() and self._running(container):
+                if self._probe(container, "startupProbe", state):
+                    break
+                if self._probing.wait(period["startupProbe"]):
+                    return
+            else:
+                return
+        container.started = True
+        if "readinessProbe" not in spec:
+            self._set_ready(container, True)
+        states: dict[str, dict[str, int]] = {k: {} for k in period if k != "startupProbe"}
+        due = {k: time.monotonic() + float(spec[k].get("initialDelaySeconds", 0))
+               for k in states}
+        while not self._probing.is_set():
+            now = time.monotonic()
+            for kind in states:
+                if now < due[kind]:
+                    continue
+                if not self._running(container):
+                    self._set_ready(container, False)
+                    return
+                decided = self._probe(container, kind, states[kind])
+                if kind == "readinessProbe" and decided is not None:
+                    self._set_ready(container, decided)
+                due[kind] = time.monotonic() + period[kind]
+            if not states:
+                if not self._running(container):
+                    self._set_ready(container, False)
+                    return
+                due = {"running": time.monotonic() + 1.0}
+            self._probing.wait(max(0.05, min(due.values()) - time.monotonic()))
+
+    def _running(self, container: Container) -> bool:
+        """The container's main process still runs (read from ``/proc``: a podman call
+        per probe would cost this 2-core machine more than the probes themselves)."""
+        if container.host_pid is None:
+            return False
+        try:
+            stat = Path(f"/proc/{container.host_pid}/stat").read_text()
+        except OSError:
+            return False
+        fields = stat[stat.rindex(")") + 2:].split()
+        return fields[0] not in ("Z", "X") and int(fields[19]) == container.start_ticks
+
+    def _set_ready(self, container: Container, ready: bool) -> None:
+        if container.ready != ready or not container.ready_changes:
+            container.ready = ready
+            container.ready_changes.append((time.time(), ready))
+
+    def ready(self) -> bool:
+        """The pod's Ready condition: every container (sidecars too) is ready."""
+        return all(c.ready for c in self.containers.values() if not c.init or c.sidecar)
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            for container in self.containers.values():
+                if (not container.init or container.sidecar) and container.started \
+                        and not self._running(container):
+                    raise AssertionError(f"container {container.name} exited before the pod "
+                                         f"was Ready:\n{self.logs(container.name)[-3000:]}")
+            if time.monotonic() > deadline:
+                waiting = [c.name for c in self.containers.values() if not c.ready]
+                raise AssertionError(f"pod not Ready after {timeout} s: {waiting}")
+            self._probing.wait(0.25)
+
+    # Into the pod.
+
+    def client(self, port: int | str, container: str | None = None, **kwargs: Any) -> Any:
+        """An HTTP client to ``POD_IP:port`` (a named port of ``container``)."""
+        if isinstance(port, str):
+            assert container is not None
+            port = resolve_port(port, self.containers[container].spec)
+        return self.node.client(port, **kwargs)
+
+    def _exec_argv(self, container: str, command: Sequence[str]) -> list[str]:
+        return self.podman.argv("exec", container, *command)
+
+    def _spawn_exec(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+        return subprocess.Popen(argv, env=self.podman.env, stdin=subprocess.DEVNULL, **kwargs)
+
+    def exec(self, container: str, *command: str) -> subprocess.CompletedProcess[str]:
+        return self.podman.run("exec", self.containers[container].runtime_name, *command,
+                               check=False)
+
+    def processes(self) -> list[PodProcess]:
+        """Every process in the pod's PID namespace now (from ``/proc``)."""
+        assert self.infra_pid is not None
+        return pod_processes(self.infra_pid)
+
+    def logs(self, container: str) -> str:
+        found = self.containers[container]
+        if found.log:
+            return found.log
+        done = self.podman.run("logs", found.runtime_name, check=False)
+        return done.stdout + done.stderr
+
+    # Delete.
+
+    def delete(self, grace_period: int | None = None) -> Deletion:
+        """Steps 1-5 of the deletion (see the module's docstring)."""
+        grace = self.grace_period if grace_period is None else grace_period
+        deletion = Deletion(grace, time.time())
+        self.deletion = deletion
+        # Probes go on while the containers stop (the kubelet's readiness probes do, so a
+        # draining engine's readiness is seen to fail); they end with the pod.
+        running = {c.name for c in self.containers.values() if self._running(c)}
+        ordering = TerminationOrdering(self.spec, running)
+        threads = [threading.Thread(target=self._kill, args=(self.containers[name], grace,
+                                                              ordering), daemon=True)
+                   for name in running]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        self.podman.run("pod", "stop", "-t", "0", self.name)
+        deletion.gone_at = time.time()
+        self._probing.set()
+        for container in self.containers.values():
+            with contextlib.suppress(Exception):
+                container.state = self.podman.inspect(container.runtime_name)["State"]
+            container.log = self.logs(container.name)
+            deletion.containers[container.name] = container
+        return deletion
+
+    def _kill(self, container: Container, grace: int, ordering: TerminationOrdering) -> None:
+        self.record("Normal", "Killing", container.name, f"Stopping container {container.name}")
+        pre_stop = (container.spec.get("lifecycle") or {}).get("preStop")
+        if pre_stop and grace > 0:
+            grace -= self._pre_stop(container, pre_stop, grace)
+        if grace > 0:
+            container.waited_for_turn_s = ordering.wait_for_turn(container.name, grace)
+            grace -= int(container.waited_for_turn_s)
+        grace = max(grace, MINIMUM_GRACE_S)
+        container.grace_given = grace
+        container.stop_sent_at = time.time()
+        done = self.podman.run("stop", "-t", str(grace), container.runtime_name, check=False,
+                               timeout=grace + 120)
+        container.stopped_at = time.time()
+        container.runtime_sigkill = bool(SIGKILL_WARNING.search(done.stderr))
+        ordering.terminated(container.name)
+
+    def _pre_stop(self, container: Container, handler: Mapping[str, Any], grace: int) -> int:
+        """Run the hook, wait for it at most ``grace`` s; the whole seconds waited."""
+        started = time.monotonic()
+        box: list[HandlerResult] = []
+
+        def run() -> None:
+            result = self.node.run(handler, container.spec, container.runtime_name)
+            box.append(result)
+            if result.failed:
+                self.record("Warning", "FailedPreStopHook", container.name,
+                            "PreStopHook failed")
+
+        thread = threading.Thread(target=run, daemon=True, name=f"preStop-{container.name}")
+        thread.start()
+        thread.join(grace)
+        container.hook = box[0] if box else None
+        if container.hook is None:
+            self._late_hooks.append((container, thread, box))
+        return int(time.monotonic() - started)
+
+    def hook_result(self, container: str, timeout: float = 60.0) -> HandlerResult | None:
+        """The preStop hook's result, waiting for one that outlived its grace period."""
+        found = self.containers[container]
+        for late, thread, box in self._late_hooks:
+            if late is found:
+                thread.join(timeout)
+                found.hook = box[0] if box else None
+        return found.hook
+
+    # End.
+
+    def close(self) -> None:
+        """Remove everything of the pod, whatever state it is in."""
+        if self._closed:
+            return
+        self._closed = True
+        self._probing.set()
+        self.node.kill_running()
+        with contextlib.suppress(Exception):
+            self.podman.remove_leftovers(self.name)
+        if self._relay is not None and self._relay.poll() is None:
+            self._relay.terminate()
+            try:
+                self._relay.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._relay.kill()
+                self._relay.wait(timeout=10)
+        for thread in self._probers:
+            thread.join(timeout=30)
+        unmount_volumes(self.workdir)
+        shutil.rmtree(self._relay_dir, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class PodProcess:
+    """A process in a pod, as the host sees it."""
+
+    host_pid: int
+    pod_pid: int
+    name: str
+    cmdline: str
+    start_ticks: int
+
+
+def _pid_ns(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def start_ticks(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def pod_pid(host_pid: int) -> int | None:
+    """``host_pid``'s PID in its own PID namespace (the last of ``NSpid``)."""
+    try:
+        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except OSError:
+        return None
+    return None
+
+
+def pod_processes(infra_pid: int) -> list[PodProcess]:
+    """Every process in the PID namespace of ``infra_pid`` (the pod's pause process)."""
+    namespace = _pid_ns(infra_pid)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or _pid_ns(int(entry)) != namespace:
+            continue
+        pid = int(entry)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
+        inner = pod_pid(pid)
+        if inner is not None:
+            found.append(PodProcess(pid, inner, name, cmdline.decode(errors="replace").strip(),
+                                    ticks))
+    return found
+
+
+@contextlib.contextmanager
+def running_pod(podman: Podman, template: Mapping[str, Any], objects: Objects, *, name: str,
+                workdir: Path, spawn: Callable[..., subprocess.Popen[Any]],
+                extra_ports: Sequence[int] = ()) -> Iterator[Pod]:
+    """A ``Pod`` that is closed (removed, whatever happened) when the block ends."""
+    pod = Pod(podman, template, objects, name=name, workdir=workdir, spawn=spawn,
+              extra_ports=extra_ports)
+    try:
+        yield pod
+    finally:
+        pod.close()
