@@ -76,7 +76,8 @@ class ProcessExits:
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RECEIVE_BUFFER)
         self._sock.bind((0, CN_IDX_PROC))
         self._lock = threading.Lock()
-        self._children: dict[int, list[int]] = {}
+        self._children: dict[int, list[tuple[int, float]]] = {}
+        self._parents: dict[int, int] = {}
         self._ends: dict[int, list[End]] = {}
         self.overruns = 0
         self._stop_r, self._stop_w = os.pipe()
@@ -113,7 +114,8 @@ class ProcessExits:
                 _, parent_tgid, child_pid, child_tgid = _FORK.unpack_from(data, body)
                 if child_pid == child_tgid:  # a process, not a thread
                     with self._lock:
-                        self._children.setdefault(parent_tgid, []).append(child_tgid)
+                        self._children.setdefault(parent_tgid, []).append((child_tgid, now))
+                        self._parents[child_tgid] = parent_tgid
             elif what == PROC_EVENT_EXIT:
                 pid, tgid, status, _ = _EXIT.unpack_from(data, body)
                 if pid == tgid:  # the thread group's leader: the process's own status
@@ -142,17 +144,22 @@ class ProcessExits:
 
     # Answers.
 
-    def descendants(self, pids: set[int]) -> set[int]:
-        """``pids`` and every process they (and theirs) forked while this listened."""
+    def descendants(self, pids: set[int], after: float) -> set[int]:
+        """``pids`` and every process they (and theirs) forked after ``after``."""
         with self._lock:
             found = set(pids)
             todo = list(pids)
             while todo:
-                for child in self._children.get(todo.pop(), ()):
-                    if child not in found:
+                for child, at in self._children.get(todo.pop(), ()):
+                    if at >= after and child not in found:
                         found.add(child)
                         todo.append(child)
         return found
+
+    def parent_of(self, pid: int) -> int | None:
+        """Who forked ``pid`` (as last seen: PIDs are reused)."""
+        with self._lock:
+            return self._parents.get(pid)
 
     def end_of(self, pid: int, after: float = 0.0) -> End | None:
         """The first end of ``pid`` read after ``after`` (a PID can be reused), or None."""

@@ -52,7 +52,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.pods.podman import PODS_DIR, REPO, Podman
+from tests.pods.podman import PODS_DIR, REPO, Podman, unavailable
 
 SUITE = "bookworm"
 BASE = f"localhost/debian-python:{SUITE}"
@@ -234,10 +234,23 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--engines-dir", type=Path, default=None,
                         help="build the engine images for the virtualenvs found here too")
+    parser.add_argument("--bases", action="store_true",
+                        help="only the two Debian bases and the wheelhouse (what is slow to "
+                             "make and rarely changes), when podman can run here")
     args = parser.parse_args()
+    reason = unavailable()
+    if reason is not None:
+        print(f"no images: {reason}")
+        return 0 if args.bases else 1
     podman = Podman()
     podman.prepare()
     images = Images(podman)
+    if args.bases:
+        images.base()
+        images.base(ENGINE_BASE, ENGINE_BASE_PACKAGES)
+        images.wheelhouse()
+        print("\n".join(images.timings.lines()) or "the bases were already made")
+        return 0
     built = [images.sidecar(), images.simulated_engine()]
     if args.engines_dir is not None:
         for venv in sorted(p for p in args.engines_dir.iterdir() if (p / ".installed").exists()):

@@ -20,8 +20,9 @@ Start (``Pod.start``; ``kuberuntime/kuberuntime_manager.go`` ``SyncPod``):
 5. Probes for every running container (``prober/worker.go``): the startup probe until it
    passes, then the readiness and liveness probes every ``periodSeconds``, each result
    counted against its thresholds. A container without a readiness probe is ready once
-   started. Liveness failures are recorded as ``Unhealthy`` events; the container is not
-   restarted (not reproduced).
+   started. Each failure is an ``Unhealthy`` event; a liveness probe that reaches its
+   failure threshold is the kubelet's ``Killing`` event ("failed liveness probe, will be
+   restarted"), but the container is not restarted (not reproduced).
 
 Delete (``Pod.delete``; ``kuberuntime_container.go`` ``killContainersWithSyncResult``,
 ``killContainer``, ``executePreStopHook``; ``kuberuntime_termination_order.go``):
@@ -59,6 +60,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from tests.pods.handlers import HandlerResult, Node, handler_ports, resolve_port
 from tests.pods.podman import LABEL, Podman
@@ -347,11 +350,18 @@ class Pod:
                                probe_timeout=float(probe["timeoutSeconds"]))
         if result.failed:
             state["ok"], state["failed"] = 0, state.get("failed", 0) + 1
-            if kind == "livenessProbe" or (kind == "readinessProbe" and container.ready):
-                self.record("Warning", "Unhealthy", container.name,
-                            f"{kind.removesuffix('Probe').capitalize()} probe failed: "
-                            f"{result.error}")
-            return False if state["failed"] >= int(probe["failureThreshold"]) else None
+            self.record("Warning", "Unhealthy", container.name,
+                        f"{kind.removesuffix('Probe').capitalize()} probe failed: "
+                        f"{result.error}")
+            if state["failed"] < int(probe["failureThreshold"]):
+                return None
+            if kind == "livenessProbe":
+                # The kubelet would now restart the container; that is not reproduced, the
+                # event says it would have happened.
+                self.record("Normal", "Killing", container.name,
+                            f"Container {container.name} failed liveness probe, will be "
+                            "restarted")
+            return False
         state["failed"], state["ok"] = 0, state.get("ok", 0) + 1
         return True if state["ok"] >= int(probe["successThreshold"]) else None
 
@@ -433,7 +443,8 @@ class Pod:
 
     # Into the pod.
 
-    def client(self, port: int | str, container: str | None = None, **kwargs: Any) -> Any:
+    def client(self, port: int | str, container: str | None = None,
+               **kwargs: Any) -> httpx.Client:
         """An HTTP client to ``POD_IP:port`` (a named port of ``container``)."""
         if isinstance(port, str):
             assert container is not None
