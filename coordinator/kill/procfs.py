@@ -14,7 +14,7 @@ import functools
 import os
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -52,7 +52,8 @@ class ProcStat:
     start_ticks: int
     """Clock ticks from boot to the process's creation; never changes for a process."""
     exit_status: int | None
-    """Raw wait status (as ``waitpid`` gives it) once the process is a zombie; else None."""
+    """Raw wait status (as ``waitpid`` gives it) once the process is a zombie; else None, and
+    None too when the kernel hides it from this reader (``read_stat``)."""
     flags: int = 0
     """The kernel's ``PF_*`` flags of the task (``PF_KTHREAD`` marks a kernel thread)."""
 
@@ -130,7 +131,13 @@ def parse_stat(text: bytes | str) -> ProcStat:
 
 
 def read_stat(pid: int) -> ProcStat | None:
-    """The process's stat, or None when no process has that PID."""
+    """The process's stat, or None when no process has that PID.
+
+    A zombie's exit status of 0 is kept only when this process may see it: the kernel shows
+    the status only to a reader allowed to inspect the process (``do_task_stat``'s
+    ``permitted``) and writes 0 for anyone else, so a 0 another user's process, or a root
+    process with more capabilities than this one, died with would read as a clean exit
+    (``exit_status_visible``)."""
     try:
         data = read_file(f"{PROC}/{pid}/stat")
     except (FileNotFoundError, ProcessLookupError):
@@ -143,7 +150,26 @@ def read_stat(pid: int) -> ProcStat | None:
         return None
     if not data:
         return None  # torn down between the open and the read
-    return parse_stat(data)
+    stat = parse_stat(data)
+    if stat.exit_status == 0 and not exit_status_visible(pid):
+        return replace(stat, exit_status=None)
+    return stat
+
+
+def exit_status_visible(pid: int) -> bool:
+    """Whether the kernel shows this process the real exit status in ``pid``'s stat.
+
+    It does when this process may inspect ``pid`` (``ptrace_may_access`` in read mode: the
+    same user and, without ``CAP_SYS_PTRACE``, every capability ``pid`` holds). The same
+    check guards ``/proc/<pid>/cwd``: it is refused (EACCES) when not allowed; allowed, a
+    zombie's (whose working directory is released) is ENOENT, a live process's a path."""
+    try:
+        os.readlink(f"{PROC}/{pid}/cwd")
+    except PermissionError:
+        return False
+    except OSError:
+        return True
+    return True
 
 
 def start_time(pid: int) -> float | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
 import struct
+import subprocess
 import sys
 from pathlib import Path
 
@@ -152,6 +154,47 @@ def test_zombie_exit_code_from_proc_stat(janitor: ProcessJanitor) -> None:
         assert pidfd.exit_code(fd, kid, stat.start_ticks + 1) is None  # not the same process
     finally:
         os.close(fd)
+
+
+READER = """
+import json, os, sys
+from coordinator.kill import pidfd, procfs
+pid, uid = int(sys.argv[1]), int(sys.argv[2])
+os.setgroups([]); os.setgid(uid); os.setuid(uid)
+stat = procfs.read_stat(pid)
+fd = os.pidfd_open(pid)
+print(json.dumps([stat.exit_status, pidfd.exit_code(fd, pid, stat.start_ticks)]))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the zombie and its readers run as "
+                    "users of their own")
+def test_a_zombie_status_the_kernel_hides_is_unknown_not_0(janitor: ProcessJanitor) -> None:
+    """1. A process of user 1001 forks a child that dies of SIGTERM's default action and
+       stays a zombie (its parent does not reap it).
+    2. A reader of user 1000 may not inspect it, and the kernel writes 0 for the status in
+       the zombie's stat: ``read_stat`` and ``pidfd.exit_code`` say unknown (None), not 0.
+    3. A reader of the zombie's own user sees the SIGTERM death."""
+    # Dumpable again after its setuid (PR_SET_DUMPABLE), as a process started as that user
+    # is: the kernel lets the same user inspect only a dumpable process.
+    code = ("import ctypes, os, signal, sys, time\n"
+            "os.setgroups([]); os.setgid(1001); os.setuid(1001)\n"
+            "ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)\n"
+            "if os.fork() == 0: os.kill(os.getpid(), signal.SIGTERM); time.sleep(60)\n"
+            "sys.stdin.read(); time.sleep(60)")
+    parent = janitor.spawn_python(["-c", code], service=True, exit_code=-signal.SIGTERM)
+    kid = wait_for(lambda: psutil.Process(parent.pid).children(), what="the fork")[0].pid
+    wait_for(lambda: (s := procfs.read_stat(kid)) is not None and s.zombie, what="a zombie")
+    seen = {}
+    for uid in (1000, 1001):
+        reader = janitor.spawn_python(["-c", READER, str(kid), str(uid)],
+                                      stdout=subprocess.PIPE, text=True,
+                                      env={"PYTHONPATH": str(Path(__file__).parents[2])})
+        out, _ = reader.communicate(timeout=60)
+        assert reader.returncode == 0, out
+        seen[uid] = json.loads(out)
+    assert seen[1000] == [None, None]
+    assert seen[1001] == [signal.SIGTERM, -signal.SIGTERM]
 
 
 def test_support_is_detected_once() -> None:
