@@ -488,12 +488,12 @@ def test_the_installer_checks_the_hook_and_its_settings_before_installing(
 def _doc_commands() -> list[list[str]]:
     text = IMAGE_DOC.read_text().replace("\\\n", " ")
     return [shlex.split(line.strip(), comments=True) for line in text.splitlines()
-            if line.strip().startswith("docker build ")]
+            if line.strip().startswith(("docker build ", "podman build "))]
 
 
 def test_the_image_doc_builds_with_targets_and_arguments_the_recipe_has() -> None:
-    """Each ``docker build`` in docs/image.md uses this recipe, a ``--target`` it has and
-    ``--build-arg``s it declares; both variants are shown."""
+    """Each ``docker build`` and ``podman build`` in docs/image.md uses this recipe, a
+    ``--target`` it has and ``--build-arg``s it declares; both variants are shown."""
     names = {s.name for s in dockerfile.parse(DOCKERFILE)}
     declared = set(re.findall(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)", DOCKERFILE.read_text(),
                               re.M))
