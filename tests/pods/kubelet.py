@@ -64,7 +64,7 @@ from typing import Any
 import httpx
 
 from tests.pods.handlers import HandlerResult, Node, handler_ports, resolve_port
-from tests.pods.podman import LABEL, Podman
+from tests.pods.podman import Podman
 from tests.pods.spec import (
     POD_IP,
     CreateContainerConfigError,
@@ -266,7 +266,7 @@ class Pod:
         if self.spec.get("shareProcessNamespace"):
             shared.append("pid")
         self.podman.run("pod", "create", "--name", self.name, "--hostname", self.name,
-                        "--share", ",".join(shared), "--label", f"{LABEL}={self.name}")
+                        "--share", ",".join(shared), *self.podman.labels(self.name))
         self.podman.run("pod", "start", self.name)
         infra = self.podman.run("pod", "inspect", "--format", "{{.InfraContainerID}}",
                                 self.name).stdout.strip()
@@ -303,7 +303,7 @@ class Pod:
             self.record("Warning", "Failed", container.name, f"Error: {exc}")
             raise
         self.podman.run("create", "--pod", self.name, "--name", container.runtime_name,
-                        "--label", f"{LABEL}={self.name}", *args)
+                        *self.podman.labels(self.name), *args)
         self.record("Normal", "Created", container.name, f"Created container: {container.name}")
         self.podman.run("start", container.runtime_name)
         self.record("Normal", "Started", container.name, f"Started container {container.name}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Sequence
@@ -30,7 +31,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 PODS_DIR = Path(os.environ.get("PODS_DIR") or REPO / ".pods").resolve()
 LABEL = "io.shutdown-coordinator.test"
-"""Label on every pod, container and volume the tests create (its value: the pod's name)."""
+"""Label on every pod and container the tests create (its value: the pod's name)."""
+OWNER = "io.shutdown-coordinator.test.owner"
+"""Label naming the test process that created it (``owner()``): leftovers are removed only
+when that process is gone, so test runs beside each other leave each other's pods alone."""
 CONTAINERS_CONF = """\
 # Written by tests/pods/podman.py: podman as the pod tests run it on this machine.
 [containers]
@@ -100,21 +104,50 @@ class Podman:
         labels: dict[str, str] = (found[0].get("Labels") or {}) if found else {}
         return labels
 
+    def labels(self, value: str) -> list[str]:
+        """The ``--label`` options of an object made for pod ``value`` by this process."""
+        return ["--label", f"{LABEL}={value}", "--label", f"{OWNER}={owner()}"]
+
     def remove_leftovers(self, value: str | None = None) -> None:
-        """Remove every pod, container and volume the tests labelled (``value``: of one pod
-        only), killing what still runs: the fallback that leaves nothing behind."""
+        """Remove what the tests made, killing what still runs: the pod ``value``'s pods and
+        containers; or (``value`` None) every labelled one whose owner is this process or
+        a process that is gone (a run killed before it cleaned up). The fallback that leaves
+        nothing behind."""
         selector = f"label={LABEL}" if value is None else f"label={LABEL}={value}"
-        pods = self.run("pod", "ps", "-q", "--filter", selector, check=False).stdout.split()
-        if pods:
-            self.run("pod", "rm", "-f", "-t", "0", *pods, check=False)
-        containers = self.run("ps", "-aq", "--filter", selector,
-                              check=False).stdout.split()
-        if containers:
-            self.run("rm", "-f", "-t", "0", *containers, check=False)
-        volumes = self.run("volume", "ls", "-q", "--filter", selector,
-                           check=False).stdout.split()
-        if volumes:
-            self.run("volume", "rm", "-f", *volumes, check=False)
+        for listing, removal in ((("pod", "ps"), ("pod", "rm")), (("ps", "-a"), ("rm",))):
+            found = self.run(*listing, "--filter", selector, "--format", "{{.ID}} {{.Labels}}",
+                             check=False).stdout.splitlines()
+            doomed = [line.split(" ", 1)[0] for line in found if line.strip()
+                      and (value is not None or _removable(line))]
+            if doomed:
+                self.run(*removal, "-f", "-t", "0", *doomed, check=False)
+
+
+def _removable(line: str) -> bool:
+    """A listed object whose owner label names this process or one that is gone."""
+    found = re.search(re.escape(OWNER) + r":(\d+):(\d+)", line)
+    if found is None:
+        return True
+    return found.group(0).split(":", 1)[1] == owner() or not _alive(found.group(1),
+                                                                      found.group(2))
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]
+
+
+def _alive(pid: str, ticks: str) -> bool:
+    return _start_ticks(int(pid)) == ticks
+
+
+@functools.cache
+def owner() -> str:
+    """This test process: its PID and start time (a reused PID is another process)."""
+    return f"{os.getpid()}:{_start_ticks(os.getpid())}"
 
 
 def missing_tools(tools: Sequence[str] = ("podman", "runc", "catatonit")) -> list[str]:

@@ -12,13 +12,14 @@ import pytest
 
 from tests.deploy.rendering import KUBERNETES_DIR
 from tests.pods.images import ENGINE_HOOK, SIDECAR, Images
-from tests.pods.podman import LABEL, Podman
+from tests.pods.podman import Podman
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1200)]
 
 TOKEN = "image-test-token-0123456789abcdef"
 HOOK = "/opt/shutdown-coordinator/hook/drain_hook.py"
+RUN = "/var/run/shutdown-coordinator"
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def containers(podman: Podman) -> Iterator[list[str]]:
 
 def _run(podman: Podman, names: list[str], name: str, *args: str) -> str:
     names.append(name)
-    podman.run("run", "--detach", "--name", name, "--label", f"{LABEL}={name}",
+    podman.run("run", "--detach", "--name", name, *podman.labels(name),
                "--health-interval=disable", *args)
     return name
 
@@ -91,13 +92,13 @@ def test_run_as_the_manifests_run_it_the_health_check_passes_and_sigterm_exits_0
     name = _run(podman, containers, "image-test-as-manifests",
                 "--user", "1000:1000", "--read-only", "--read-only-tmpfs=false",
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-                "--volume", f"{token}:/var/run/shutdown-coordinator/token/token:ro",
+                "--volume", f"{token}:{RUN}/token/token:ro",
                 "--volume", f"{volumes[0]}:/tmp",
-                "--volume", f"{volumes[1]}:/var/run/shutdown-coordinator/state",
-                "--volume", f"{volumes[2]}:/var/run/shutdown-coordinator/doorbell",
-                "--env", "SHUTDOWN_COORDINATOR_TOKEN_FILE=/var/run/shutdown-coordinator/token/token",
-                "--env", "SHUTDOWN_COORDINATOR_STATE_FILE=/var/run/shutdown-coordinator/state/drain.json",
-                "--env", "SHUTDOWN_COORDINATOR_DOORBELL=/var/run/shutdown-coordinator/doorbell/doorbell",
+                "--volume", f"{volumes[1]}:{RUN}/state",
+                "--volume", f"{volumes[2]}:{RUN}/doorbell",
+                "--env", f"SHUTDOWN_COORDINATOR_TOKEN_FILE={RUN}/token/token",
+                "--env", f"SHUTDOWN_COORDINATOR_STATE_FILE={RUN}/state/drain.json",
+                "--env", f"SHUTDOWN_COORDINATOR_DOORBELL={RUN}/doorbell/doorbell",
                 sidecar)
     wait_for(lambda: _listening(podman, name), timeout=120, what="the coordinator listening")
     check = podman.run("healthcheck", "run", name, check=False)
@@ -134,14 +135,14 @@ def test_the_engine_target_adds_the_hook_and_worker_client_to_an_engine_base(
     probe = ("import importlib.util as u, json, os, worker_client; print(json.dumps("
              "[worker_client.__file__, u.find_spec('coordinator') is None, "
              f"os.access({HOOK!r}, os.R_OK)]))")
-    done = podman.run("run", "--rm", "--label", f"{LABEL}=image-test-engine",
+    done = podman.run("run", "--rm", *podman.labels("image-test-engine"),
                       "--read-only", image, "python3", "-c", probe)
     where, no_coordinator, hook = json.loads(done.stdout)
     assert where.startswith("/usr/local/lib/python3")
     assert no_coordinator
     assert hook
-    same = podman.run("run", "--rm", "--label", f"{LABEL}=image-test-engine", image,
+    same = podman.run("run", "--rm", *podman.labels("image-test-engine"), image,
                       "cat", HOOK)
     assert same.stdout == (KUBERNETES_DIR / "base" / "drain_hook.py").read_text()
-    assert ENGINE_HOOK == image
+    assert image == ENGINE_HOOK
     assert SIDECAR.startswith("ghcr.io/shutdown-coordinator/shutdown-coordinator:")
