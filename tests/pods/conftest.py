@@ -18,7 +18,7 @@ from tests.pods import exits
 from tests.pods.images import Images
 from tests.pods.kubelet import Pod
 from tests.pods.podman import Podman, unavailable
-from tests.pods.spec import Objects
+from tests.pods.spec import Objects, unmount_leftovers
 from tests.support.processes import ProcessJanitor
 
 
@@ -30,6 +30,7 @@ def podman() -> Iterator[Podman]:
     runtime = Podman()
     runtime.prepare()
     runtime.remove_leftovers()  # what an earlier, killed run left
+    unmount_leftovers()
     yield runtime
     runtime.remove_leftovers()
 

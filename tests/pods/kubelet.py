@@ -494,10 +494,13 @@ class Pod:
         self.podman.run("pod", "stop", "-t", "0", self.name)
         deletion.gone_at = time.time()
         self._probing.set()
+        logs = self.workdir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
         for container in self.containers.values():
             with contextlib.suppress(Exception):
                 container.state = self.podman.inspect(container.runtime_name)["State"]
             container.log = self.logs(container.name)
+            (logs / f"{container.name}.log").write_text(container.log)
             deletion.containers[container.name] = container
         return deletion
 

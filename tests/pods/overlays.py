@@ -154,6 +154,7 @@ class StreamRead:
     """A streaming completion as its client read it."""
 
     tokens: int = 0
+    text: str = ""
     finish: list[str] = field(default_factory=list)
     done: bool = False
     error: str | None = None
@@ -177,8 +178,11 @@ class StreamRead:
         for choice in event.get("choices") or []:
             if choice.get("finish_reason"):
                 self.finish.append(choice["finish_reason"])
-            else:
+            if choice.get("text") or not choice.get("finish_reason"):
+                # A token: the last one comes with the finish reason (vLLM, the simulated
+                # engine); a chunk with only the reason carries none.
                 self.tokens += 1
+                self.text += choice.get("text") or ""
                 if self.first_at is None:
                     self.first_at = time.time()
                     self.started.set()
@@ -224,6 +228,7 @@ class Outcome:
     processes: list[ProcessEnd]
     stream: str
     stream_tokens: int
+    stream_text: str
     stream_error: str | None
     seconds: float
     runtime_sigkill: list[str]
@@ -336,7 +341,7 @@ def delete_under_load(pod: Pod, *, overlay: str, strategy: str, exits: ProcessEx
                 if e.reason == "FailedPreStopHook"
                 or ("failed liveness probe" in e.message and e.at < deletion.started_at)],
         processes=ended, stream=read.verdict, stream_tokens=read.tokens,
-        stream_error=read.error, seconds=round(deletion.seconds, 1),
+        stream_text=read.text, stream_error=read.error, seconds=round(deletion.seconds, 1),
         runtime_sigkill=[c.name for c in deletion.containers.values() if c.runtime_sigkill],
         drain=drain)
     outcome.save()

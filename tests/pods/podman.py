@@ -128,8 +128,8 @@ def _removable(line: str) -> bool:
     found = re.search(re.escape(OWNER) + r":(\d+):(\d+)", line)
     if found is None:
         return True
-    return found.group(0).split(":", 1)[1] == owner() or not _alive(found.group(1),
-                                                                      found.group(2))
+    return found.group(0).split(":", 1)[1] == owner() or not owner_alive(found.group(1),
+                                                                           found.group(2))
 
 
 def _start_ticks(pid: int) -> str | None:
@@ -140,7 +140,8 @@ def _start_ticks(pid: int) -> str | None:
     return stat[stat.rindex(")") + 2:].split()[19]
 
 
-def _alive(pid: str, ticks: str) -> bool:
+def owner_alive(pid: str, ticks: str) -> bool:
+    """The process ``owner()`` named by these is still running."""
     return _start_ticks(int(pid)) == ticks
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
@@ -62,7 +63,19 @@ async def serve(directory: Path, pod_ip: str, ports: list[int]) -> None:
         server.close()
 
 
+def end_with_parent() -> None:
+    """SIGTERM when the test process that started this one dies (``PR_SET_PDEATHSIG``): a
+    test run killed outright leaves no relay behind."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    if os.getppid() == 1:
+        sys.exit(0)
+
+
 def main() -> int:
+    end_with_parent()
     directory, pod_ip, *ports = sys.argv[1:]
     asyncio.run(serve(Path(directory), pod_ip, [int(p) for p in ports]))
     return 0

@@ -41,6 +41,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tests.pods.podman import PODS_DIR, owner, owner_alive
+
+MOUNTS = PODS_DIR / "mounts"
+"""Where each test process lists the tmpfs volumes it mounted."""
 POD_IP = "10.244.0.10"
 """The pod's IP: an address of the pod network namespace's loopback (there is no CNI)."""
 HOST_IP = "10.244.0.1"
@@ -277,12 +281,35 @@ def make_volume(spec: Mapping[str, Any], where: Path, objects: Objects,
                 options.append(f"size={quantity(source['sizeLimit'])}")
             subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(options), "tmpfs",
                             str(directory)], check=True, timeout=30)
+            remember_mount(directory)
         else:
             _owned(directory, fs_group, 0o777 | (0o2000 if fs_group is not None else 0))
         return Volume(name, directory, tmpfs=memory)
     if "hostPath" in spec:
         return Volume(name, Path(spec["hostPath"]["path"]))
     raise CreateContainerConfigError(f"unsupported volume {json.dumps(dict(spec))}")
+
+
+def remember_mount(directory: Path) -> None:
+    """Note a tmpfs this test process mounted, for ``unmount_leftovers`` should the process
+    die before it unmounts it."""
+    MOUNTS.mkdir(parents=True, exist_ok=True)
+    with (MOUNTS / f"{owner().replace(':', '-')}.txt").open("a") as out:
+        out.write(f"{directory.resolve()}\n")
+
+
+def unmount_leftovers() -> None:
+    """Unmount the tmpfs volumes of test processes that are gone (``remember_mount``)."""
+    if not MOUNTS.is_dir():
+        return
+    for listing in MOUNTS.glob("*.txt"):
+        pid, _, ticks = listing.stem.partition("-")
+        if owner() == f"{pid}:{ticks}" or owner_alive(pid, ticks):
+            continue
+        for line in listing.read_text().splitlines():
+            if line.strip():
+                unmount_volumes(Path(line).parent)
+        listing.unlink()
 
 
 def unmount_volumes(where: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
+from devstack.sim import expected_tokens
 from devstack.sim.records import read_records
 from tests.deploy.engine_shapes import ENV as SHAPED_ENGINE
 from tests.deploy.engine_shapes import RELEASE
@@ -292,7 +293,7 @@ def start_frontend(janitor: ProcessJanitor, pod: Pod, discovery: Path,
         frontend = janitor.spawn(
             ["nsenter", f"--net=/proc/{pod.infra_pid}/ns/net", str(python), "-m",
              "dynamo.frontend", "--discovery-backend", "file", "--migration-limit", "3",
-             "--http-host", "127.0.0.1", "--http-port", str(FRONTEND_PORT)],
+             "--http-host", "0.0.0.0", "--http-port", str(FRONTEND_PORT)],
             env=env, stdout=out, stderr=subprocess.STDOUT)
     janitor.service(frontend)
 
@@ -409,5 +410,6 @@ def test_the_trtllm_overlay_pod_deleted_with_a_stream_in_flight(
     assert {r["cleanup"] for r in records.values()} == {"finished"}, records
     assert records[engine.pod_pid]["sigkilled_children"] == []
     assert outcome.stream_tokens == STREAM_TOKENS
+    assert outcome.stream_text == "".join(expected_tokens(PROMPT, STREAM_TOKENS))
     if strategy == "sidecar":
         check_goal(outcome, deletion, pod)
