@@ -13,20 +13,26 @@ fi
 
 # The core tests drive a headless Chromium (the drain timeline page, tests/timeline) and
 # promtool (the alert rules, tests/observability), and the SGLang engine tests read each
-# process's end with strace: Debian's packages chromium, prometheus and strace, installed here
-# where missing (CI is a clean Debian, as root; apt-get update only when the
-# install fails without it). Without root or apt-get those tests are skipped, as they say.
+# process's end with strace: Debian's packages chromium, prometheus and strace. The container
+# tests (tests/pods, tests/init) build images and run containers and pods with podman on runc
+# (catatonit for its pause image), from a base made by mmdebstrap with Debian's tini in it
+# (the init comparison), and reach a pod's network with ip and nsenter. All installed here
+# where missing (CI is a clean Debian, as root; apt-get update only when the install fails
+# without it). Without root or apt-get those tests are skipped, as they say.
 install_test_tools() {
     local missing=()
     [ -x /usr/bin/chromium ] || missing+=(chromium)
     command -v promtool >/dev/null 2>&1 || [ -x /usr/bin/promtool ] || missing+=(prometheus)
     command -v strace >/dev/null 2>&1 || missing+=(strace)
-    # The init comparison (tests/init): Debian's tini beside `run`; podman, runc and
-    # mmdebstrap for its container step.
+    # The init comparison (tests/init): Debian's tini beside `run`.
     command -v tini >/dev/null 2>&1 || missing+=(tini)
     command -v podman >/dev/null 2>&1 || missing+=(podman)
     command -v runc >/dev/null 2>&1 || missing+=(runc)
+    command -v catatonit >/dev/null 2>&1 || [ -x /usr/libexec/podman/catatonit ] \
+        || missing+=(catatonit)
     command -v mmdebstrap >/dev/null 2>&1 || missing+=(mmdebstrap)
+    command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+    command -v nsenter >/dev/null 2>&1 || missing+=(util-linux)
     [ "${#missing[@]}" -eq 0 ] && return 0
     if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
         echo "not installed: ${missing[*]} (their tests are skipped; apt-get install ${missing[*]})"
@@ -139,10 +145,13 @@ EOF
     echo "(each line and branch: .venv/bin/coverage report -m --include=PATTERN;"
     echo " data in .coverage-data/.coverage, JSON in .coverage-data/coverage.json)"
 }
-# The engines install (mostly downloads and unpacking) while the core tests run; the
-# engine tests wait for it below.
+# The engines install (mostly downloads and unpacking) while the core tests run, and after
+# them the container tests' Debian bases are made (mmdebstrap: downloads and dpkg; kept in
+# .pods/ and made again only when their package lists change); the engine and container
+# tests wait for both below.
 mkdir -p .engines
-bash scripts/engines.sh > .engines/install.log 2>&1 &
+{ bash scripts/engines.sh && .venv/bin/python -m tests.pods.images --bases; } \
+    > .engines/install.log 2>&1 &
 engines_install=$!
 # The core tests run in CORE_WORKERS pytest-xdist workers (2 by default; 0: in this process):
 # most of their time is waiting on the processes they start, and each test's janitor owns
@@ -183,28 +192,18 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-# Two streams side by side: the real engines (vLLM, SGLang, Dynamo: mostly one engine's CPU at
-# a time) and the real routers in front of simulated engines (light: mostly waiting). Each
-# stream's output is shown whole once both have ended; the step fails if either did.
-router_log=.engines/router-tests.log
-.venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
-    > "$router_log" 2>&1 &
-router_tests=$!
-engine_status=0
-.venv/bin/pytest -m engine tests/engines tests/init || engine_status=$?
-router_status=0
-wait "$router_tests" || router_status=$?
-echo "== real routers in front of simulated engines (run beside the engine tests)"
-cat "$router_log"
+.venv/bin/pytest -m engine tests/engines tests/routers tests/bench/test_rollout.py tests/init
 echo "engine tests: $((SECONDS - engine_started)) s wall time"
-if [ "$engine_status" != 0 ]; then
-    exit "$engine_status"
-fi
-if [ "$router_status" != 0 ]; then
-    exit "$router_status"
-fi
-echo "== container tests (the engine as PID 1 under run, tini, tini -g, dumb-init, no init;"
-echo "   podman with runc, a Debian base made here)"
+echo "== container tests (podman: the images built from deploy/container/Dockerfile, the pod"
+echo "   runner against the kubelet's rules, overlays as pods with their engines, deleted with"
+echo "   a stream in flight; the engine as PID 1 under run, tini, tini -g, dumb-init, no init)"
+# In CI's time budget: the images, the pod runner's own tests, every overlay as shipped, and
+# TRT-LLM's baselines (a simulated engine: seconds); the baselines on the real engines take
+# minutes each and make docs/deploy.md's table: CONTAINER_TESTS=all runs everything
+# (CONTAINER_TESTS takes a pytest -k expression). The init comparison runs whole.
+ci_container_tests="not overlay or sidecar or trtllm"
+selection=${CONTAINER_TESTS:-$ci_container_tests}
+[ "$selection" = all ] && selection=""
 container_started=$SECONDS
-.venv/bin/pytest -m container tests/init
+.venv/bin/pytest -m container tests/pods tests/init -k "$selection"
 echo "container tests: $((SECONDS - container_started)) s wall time"
