@@ -52,6 +52,14 @@ def process_exits() -> Iterator[exits.ProcessExits]:
 PodFactory = Callable[..., Pod]
 
 
+def shared_directory(path: Path) -> Path:
+    """A new directory any user may write, for a ``hostPath`` the pod's users share with
+    the test (records, discovery)."""
+    path.mkdir(parents=True)
+    path.chmod(0o777)
+    return path
+
+
 @pytest.fixture
 def pods(podman: Podman, janitor: ProcessJanitor, tmp_path: Path) -> Iterator[PodFactory]:
     """``pods(template, objects, name=...)``: a ``Pod`` (not started) that is removed at the

@@ -17,12 +17,7 @@ Start (``Pod.start``; ``kuberuntime/kuberuntime_manager.go`` ``SyncPod``):
    it has one, and the next starts then, without waiting for its readiness.
 4. The containers, one after the other in the spec's order, each created, started and its
    ``postStart`` hook run (``startContainer``: steps 2-4).
-5. Probes for every running container (``prober/worker.go``): the startup probe until it
-   passes, then the readiness and liveness probes every ``periodSeconds``, each result
-   counted against its thresholds. A container without a readiness probe is ready once
-   started. Each failure is an ``Unhealthy`` event; a liveness probe that reaches its
-   failure threshold is the kubelet's ``Killing`` event ("failed liveness probe, will be
-   restarted"), but the container is not restarted (not reproduced).
+5. Probes for every running container (``probing``, after ``prober/worker.go``).
 
 Delete (``Pod.delete``; ``kuberuntime_container.go`` ``killContainersWithSyncResult``,
 ``killContainer``, ``executePreStopHook``; ``kuberuntime_termination_order.go``):
@@ -48,7 +43,6 @@ container's log are kept before the pod is removed.
 from __future__ import annotations
 
 import contextlib
-import os
 import re
 import secrets
 import shutil
@@ -56,8 +50,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +58,8 @@ import httpx
 
 from tests.pods.handlers import HandlerResult, Node, handler_ports, resolve_port
 from tests.pods.podman import Podman
+from tests.pods.probing import Prober
+from tests.pods.processes import PodProcess, pod_pid, pod_processes, running, start_ticks
 from tests.pods.spec import (
     POD_IP,
     CreateContainerConfigError,
@@ -75,82 +70,12 @@ from tests.pods.spec import (
     podman_create_args,
     unmount_volumes,
 )
+from tests.pods.state import Container, Deletion, Event
 
 MINIMUM_GRACE_S = 2
 """``minimumGracePeriodInSeconds``: the least a container is given to stop."""
 RELAY = Path(__file__).with_name("relay.py")
 SIGKILL_WARNING = re.compile(r"failed to stop container .* resorting to SIGKILL")
-PROBE_DEFAULTS = {"periodSeconds": 10, "timeoutSeconds": 1, "successThreshold": 1,
-                  "failureThreshold": 3, "initialDelaySeconds": 0}
-
-
-@dataclass
-class Event:
-    """A Kubernetes Event the kubelet would record for the pod."""
-
-    at: float
-    type: str
-    reason: str
-    container: str
-    message: str
-
-
-@dataclass
-class Container:
-    """One of the pod's containers: its spec, and what happened to it."""
-
-    spec: dict[str, Any]
-    init: bool
-    index: int
-    runtime_name: str
-    started: bool = False
-    ready: bool = False
-    ready_changes: list[tuple[float, bool]] = field(default_factory=list)
-    host_pid: int | None = None
-    """The container's main process on the host, while it runs."""
-    start_ticks: int | None = None
-    """Its start time (``/proc/<pid>/stat``): with the PID, its identity."""
-    pod_pid: int | None = None
-    """The same process in the pod's PID namespace."""
-    hook: HandlerResult | None = None
-    waited_for_turn_s: float = 0.0
-    grace_given: int | None = None
-    """Seconds ``podman stop`` was given."""
-    stop_sent_at: float | None = None
-    stopped_at: float | None = None
-    runtime_sigkill: bool = False
-    """podman said it had to SIGKILL the main process (the stop signal did not end it)."""
-    state: dict[str, Any] = field(default_factory=dict)
-    """``State`` of ``podman inspect`` once it exited."""
-    log: str = ""
-
-    @property
-    def name(self) -> str:
-        return str(self.spec["name"])
-
-    @property
-    def sidecar(self) -> bool:
-        return self.init and self.spec.get("restartPolicy") == "Always"
-
-    @property
-    def exit_code(self) -> int | None:
-        code = self.state.get("ExitCode")
-        return None if code is None else int(code)
-
-
-@dataclass
-class Deletion:
-    """One deletion of the pod, as the kubelet ran it."""
-
-    grace_period: int
-    started_at: float
-    gone_at: float | None = None
-    containers: dict[str, Container] = field(default_factory=dict)
-
-    @property
-    def seconds(self) -> float:
-        assert self.gone_at is not None
-        return self.gone_at - self.started_at
 
 
 class TerminationOrdering:
@@ -338,91 +263,14 @@ class Pod:
     # Probes.
 
     def _start_probing(self, container: Container) -> None:
-        thread = threading.Thread(target=self._probe_loop, args=(container,), daemon=True,
+        prober = Prober(container, self.node, self.record, self._probing)
+        thread = threading.Thread(target=prober.run, daemon=True,
                                   name=f"prober-{container.name}")
         self._probers.append(thread)
         thread.start()
 
-    def _probe(self, container: Container, kind: str, state: dict[str, int]) -> bool | None:
-        """One run of a probe with its thresholds: True/False once they decide, else None."""
-        probe = {**PROBE_DEFAULTS, **container.spec[kind]}
-        result = self.node.run(probe, container.spec, container.runtime_name,
-                               probe_timeout=float(probe["timeoutSeconds"]))
-        if result.failed:
-            state["ok"], state["failed"] = 0, state.get("failed", 0) + 1
-            self.record("Warning", "Unhealthy", container.name,
-                        f"{kind.removesuffix('Probe').capitalize()} probe failed: "
-                        f"{result.error}")
-            if state["failed"] < int(probe["failureThreshold"]):
-                return None
-            if kind == "livenessProbe":
-                # The kubelet would now restart the container; that is not reproduced, the
-                # event says it would have happened.
-                self.record("Normal", "Killing", container.name,
-                            f"Container {container.name} failed liveness probe, will be "
-                            "restarted")
-            return False
-        state["failed"], state["ok"] = 0, state.get("ok", 0) + 1
-        return True if state["ok"] >= int(probe["successThreshold"]) else None
-
-    def _probe_loop(self, container: Container) -> None:
-        spec = container.spec
-        kinds: tuple[str, ...] = ("startupProbe", "readinessProbe", "livenessProbe")
-        period = {k: float({**PROBE_DEFAULTS, **spec[k]}["periodSeconds"])
-                  for k in kinds if k in spec}
-        if "startupProbe" in spec:
-            state: dict[str, int] = {}
-            delay = float(spec["startupProbe"].get("initialDelaySeconds", 0))
-            if self._probing.wait(delay):
-                return
-            while not self._probing.is_set() and self._running(container):
-                if self._probe(container, "startupProbe", state):
-                    break
-                if self._probing.wait(period["startupProbe"]):
-                    return
-            else:
-                return
-        container.started = True
-        if "readinessProbe" not in spec:
-            self._set_ready(container, True)
-        states: dict[str, dict[str, int]] = {k: {} for k in period if k != "startupProbe"}
-        due = {k: time.monotonic() + float(spec[k].get("initialDelaySeconds", 0))
-               for k in states}
-        while not self._probing.is_set():
-            now = time.monotonic()
-            for kind in states:
-                if now < due[kind]:
-                    continue
-                if not self._running(container):
-                    self._set_ready(container, False)
-                    return
-                decided = self._probe(container, kind, states[kind])
-                if kind == "readinessProbe" and decided is not None:
-                    self._set_ready(container, decided)
-                due[kind] = time.monotonic() + period[kind]
-            if not states:
-                if not self._running(container):
-                    self._set_ready(container, False)
-                    return
-                due = {"running": time.monotonic() + 1.0}
-            self._probing.wait(max(0.05, min(due.values()) - time.monotonic()))
-
     def _running(self, container: Container) -> bool:
-        """The container's main process still runs (read from ``/proc``: a podman call
-        per probe would cost this 2-core machine more than the probes themselves)."""
-        if container.host_pid is None:
-            return False
-        try:
-            stat = Path(f"/proc/{container.host_pid}/stat").read_text()
-        except OSError:
-            return False
-        fields = stat[stat.rindex(")") + 2:].split()
-        return fields[0] not in ("Z", "X") and int(fields[19]) == container.start_ticks
-
-    def _set_ready(self, container: Container, ready: bool) -> None:
-        if container.ready != ready or not container.ready_changes:
-            container.ready = ready
-            container.ready_changes.append((time.time(), ready))
+        return running(container.host_pid, container.start_ticks)
 
     def ready(self) -> bool:
         """The pod's Ready condition: every container (sidecars too) is ready."""
@@ -572,75 +420,3 @@ class Pod:
             thread.join(timeout=30)
         unmount_volumes(self.workdir)
         shutil.rmtree(self._relay_dir, ignore_errors=True)
-
-
-@dataclass(frozen=True)
-class PodProcess:
-    """A process in a pod, as the host sees it."""
-
-    host_pid: int
-    pod_pid: int
-    name: str
-    cmdline: str
-    start_ticks: int
-
-
-def _pid_ns(pid: int) -> int | None:
-    try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def start_ticks(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
-def pod_pid(host_pid: int) -> int | None:
-    """``host_pid``'s PID in its own PID namespace (the last of ``NSpid``)."""
-    try:
-        for line in Path(f"/proc/{host_pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-    except OSError:
-        return None
-    return None
-
-
-def pod_processes(infra_pid: int) -> list[PodProcess]:
-    """Every process in the PID namespace of ``infra_pid`` (the pod's pause process)."""
-    namespace = _pid_ns(infra_pid)
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or _pid_ns(int(entry)) != namespace:
-            continue
-        pid = int(entry)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        ticks = int(stat[stat.rindex(")") + 2:].split()[19])
-        inner = pod_pid(pid)
-        if inner is not None:
-            found.append(PodProcess(pid, inner, name, cmdline.decode(errors="replace").strip(),
-                                    ticks))
-    return found
-
-
-@contextlib.contextmanager
-def running_pod(podman: Podman, template: Mapping[str, Any], objects: Objects, *, name: str,
-                workdir: Path, spawn: Callable[..., subprocess.Popen[Any]],
-                extra_ports: Sequence[int] = ()) -> Iterator[Pod]:
-    """A ``Pod`` that is closed (removed, whatever happened) when the block ends."""
-    pod = Pod(podman, template, objects, name=name, workdir=workdir, spawn=spawn,
-              extra_ports=extra_ports)
-    try:
-        yield pod
-    finally:
-        pod.close()

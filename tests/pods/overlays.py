@@ -48,9 +48,10 @@ import httpx
 
 from tests.deploy.rendering import SHIPPED, Rendered, render, stage
 from tests.pods.exits import ProcessExits
-from tests.pods.kubelet import Deletion, Pod
+from tests.pods.kubelet import Pod
 from tests.pods.podman import PODS_DIR
 from tests.pods.spec import Objects
+from tests.pods.state import Deletion
 
 TOKEN = "pod-overlay-token-0123456789abcdef0123"
 ENGINE = "engine"

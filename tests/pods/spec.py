@@ -255,20 +255,15 @@ def make_volume(spec: Mapping[str, Any], where: Path, objects: Objects,
     """Make one pod volume under ``where`` (the pod's directory on the host)."""
     name = spec["name"]
     directory = where / name
-    if "secret" in spec:
-        source = spec["secret"]
-        data = objects.secrets.get(source["secretName"])
-        if data is None:
-            raise CreateContainerConfigError(f"secret {source['secretName']!r} not found")
-        _projected_files(directory, data, source, fs_group, 0o644)
-        return Volume(name, directory, read_only=True)
-    if "configMap" in spec:
-        source = spec["configMap"]
-        data = objects.config_maps.get(source["name"])
-        if data is None:
-            raise CreateContainerConfigError(f"configmap {source['name']!r} not found")
-        _projected_files(directory, data, source, fs_group, 0o644)
-        return Volume(name, directory, read_only=True)
+    for kind, store, key in (("secret", objects.secrets, "secretName"),
+                             ("configMap", objects.config_maps, "name")):
+        if kind in spec:
+            source = spec[kind]
+            data = store.get(source[key])
+            if data is None:
+                raise CreateContainerConfigError(f"{kind} {source[key]!r} not found")
+            _projected_files(directory, data, source, fs_group, 0o644)
+            return Volume(name, directory, read_only=True)
     if "emptyDir" in spec:
         source = spec["emptyDir"] or {}
         directory.mkdir(parents=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.pods.conftest import PodFactory
+from tests.pods.conftest import PodFactory, shared_directory
 from tests.pods.exits import ProcessExits
 from tests.pods.images import BASE, Images
 from tests.pods.kubelet import MINIMUM_GRACE_S, Pod
@@ -32,10 +32,7 @@ def base(images: Images) -> str:
 
 @pytest.fixture
 def records(tmp_path: Path) -> Path:
-    directory = tmp_path / "records"
-    directory.mkdir()
-    directory.chmod(0o777)
-    return directory
+    return shared_directory(tmp_path / "records")
 
 
 def toy(name: str, *args: str, **fields: Any) -> dict[str, Any]:
