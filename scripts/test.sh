@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtualenv, install the project with its test tools, run the whole suite:
-# lint (ruff), types (mypy), the core tests, then the real-engine integration tests.
+# lint (ruff), types (mypy), the core tests, the real-engine integration tests, then the
+# container tests (images built with podman, every overlay run as a pod).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
