@@ -3,9 +3,10 @@
 podman as root with runc (``crun`` refuses this host's cgroup layout), cgroupfs, the file
 events logger, and the ulimits a machine without ``CAP_SYS_RESOURCE`` can give, selected by
 ``CONTAINERS_CONF``; storage under ``PODS_DIR`` (default ``<repo>/.pods``) given as
-``--root``/``--runroot`` flags. The image is a Debian bookworm ``minbase`` with python3 and
-Debian's ``tini``, made here with ``mmdebstrap`` and ``podman import`` (no registry is
-reachable), remade only when its package list changes.
+``--root``/``--runroot`` flags. The image is the pod tests' base (``tests.pods.images.BASE``):
+a Debian bookworm ``minbase`` with python3 and Debian's ``tini``, made here with
+``mmdebstrap`` and ``podman import`` (no registry is reachable), remade only when its package
+list changes.
 
 What the containers run comes from this host, mounted read-only at the same paths: the
 repository and its virtualenv (the coordinator, the simulated engine, PyPI's ``dumb-init``)
@@ -18,7 +19,6 @@ own: its first process is PID 1, which is what the comparison is about.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import os
 import shutil
@@ -29,23 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-PODS_DIR = Path(os.environ.get("PODS_DIR") or REPO / ".pods").resolve()
-LABEL = "io.shutdown-coordinator.test"
-SUITE = "bookworm"
-PACKAGES = ("python3", "tini")
-IMAGE = f"localhost/debian-python-tini:{SUITE}"
-CONTAINERS_CONF = """\
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-netns = "none"
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-"""
+from tests.pods.images import Images
+from tests.pods.podman import CONTAINERS_CONF, LABEL, PODS_DIR, REPO
+from tests.pods.podman import Podman as PodPodman
+
 COMMAND_S = 300.0
-BUILD_S = 900.0
 
 
 class PodmanError(RuntimeError):
@@ -81,21 +69,9 @@ class Podman:
         return data
 
     def image(self) -> str:
-        """The base image, made when missing or when its package list changed."""
-        stamp = hashlib.sha256(" ".join((SUITE, *PACKAGES)).encode()).hexdigest()[:16]
-        found = self.run("image", "inspect", IMAGE, check=False)
-        if found.returncode == 0 and json.loads(found.stdout)[0].get(
-                "Labels", {}).get(LABEL) == stamp:
-            return IMAGE
-        tarball = self.home / "cache" / "init-base.tar"
-        tarball.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["mmdebstrap", "--variant=minbase", "--quiet",
-                        f"--include={','.join(PACKAGES)}", SUITE, str(tarball)],
-                       check=True, timeout=BUILD_S, stdin=subprocess.DEVNULL)
-        self.run("import", "--change", f"LABEL {LABEL}={stamp}", str(tarball), IMAGE,
-                 timeout=BUILD_S)
-        tarball.unlink()
-        return IMAGE
+        """The base image (Debian minbase, python3, tini): the pod tests' ``BASE``, made by
+        them when missing or when its package list changed."""
+        return Images(PodPodman(self.home)).base()
 
     def remove(self, name: str) -> None:
         """Remove the container, killing it if it still runs (the fallback that leaves

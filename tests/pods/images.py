@@ -4,7 +4,8 @@ No registry is reachable, so nothing is pulled:
 
 1. Two bases, each a Debian bookworm ``mmdebstrap --variant=minbase`` tree (from the mirror
    the host's apt uses) imported with ``podman import``: ``BASE`` (python3 and pip: what the
-   recipe's stages need of an official Python image) and ``ENGINE_BASE`` (also libnuma1 and
+   recipe's stages need of an official Python image; and Debian's tini, for the init
+   comparison's containers, ``tests/init/containers.py``) and ``ENGINE_BASE`` (also libnuma1 and
    g++, which vLLM's CPU build needs at run time: its kernels link libnuma, and
    ``torch.compile`` builds C++ with g++; vLLM's own CPU image installs both). The package
    list is a label of the image: a base is made again only when its list changes.
@@ -56,9 +57,10 @@ from tests.pods.podman import PODS_DIR, REPO, Podman, unavailable
 
 SUITE = "bookworm"
 BASE = f"localhost/debian-python:{SUITE}"
-BASE_PACKAGES = ("python3", "python3-pip")
+BASE_PACKAGES = ("python3", "python3-pip", "tini")
+"""tini: the init comparison (tests/init) runs its containers on this base too."""
 ENGINE_BASE = f"localhost/debian-python-engine:{SUITE}"
-ENGINE_BASE_PACKAGES = (*BASE_PACKAGES, "libnuma1", "g++")
+ENGINE_BASE_PACKAGES = ("python3", "python3-pip", "libnuma1", "g++")
 BASE_LABEL = "io.shutdown-coordinator.test.packages"
 SIDECAR = "ghcr.io/shutdown-coordinator/shutdown-coordinator:0.1.0"
 """The coordinator's image, by the name the manifests give it (deploy/kubernetes/base)."""
