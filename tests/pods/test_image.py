@@ -50,6 +50,15 @@ def _run(podman: Podman, names: list[str], name: str, *args: str) -> str:
     return name
 
 
+def coordinator_env() -> dict[str, str]:
+    """The base's coordinator settings (deploy/kubernetes/base/coordinator.env), without
+    their ``SHUTDOWN_COORDINATOR_`` prefix."""
+    prefix = "SHUTDOWN_COORDINATOR_"
+    lines = (KUBERNETES_DIR / "base" / "coordinator.env").read_text().splitlines()
+    pairs = (line.split("=", 1) for line in lines if line.startswith(prefix) and "=" in line)
+    return {key.removeprefix(prefix): value for key, value in pairs}
+
+
 def _listening(podman: Podman, name: str) -> bool:
     logs = podman.run("logs", name, check=False)
     assert podman.inspect(name)["State"]["Running"], logs.stdout + logs.stderr
@@ -82,7 +91,14 @@ def test_run_as_the_manifests_run_it_the_health_check_passes_and_sigterm_exits_0
        (1000:1000), a read-only root, every capability dropped, no privilege escalation,
        the token and its emptyDirs (/tmp, state, doorbell) mounted.
     2. It listens; ``podman healthcheck run`` exits 0 and podman records it healthy.
-    3. ``podman stop`` (SIGTERM): the runtime records exit 0."""
+    3. ``podman stop`` (SIGTERM): the runtime records exit 0.
+
+    The state file and doorbell paths are the base's (coordinator.env): the state file in a
+    directory the coordinator makes inside the world-writable emptyDir, which it refuses
+    to keep the file in directly."""
+    manifests = coordinator_env()
+    assert manifests["STATE_FILE"].startswith(f"{RUN}/state/"), manifests
+    assert manifests["DOORBELL"].startswith(f"{RUN}/doorbell/"), manifests
     volumes = []
     for name in ("tmp", "state", "doorbell"):
         directory = tmp_path / name
@@ -97,8 +113,8 @@ def test_run_as_the_manifests_run_it_the_health_check_passes_and_sigterm_exits_0
                 "--volume", f"{volumes[1]}:{RUN}/state",
                 "--volume", f"{volumes[2]}:{RUN}/doorbell",
                 "--env", f"SHUTDOWN_COORDINATOR_TOKEN_FILE={RUN}/token/token",
-                "--env", f"SHUTDOWN_COORDINATOR_STATE_FILE={RUN}/state/drain.json",
-                "--env", f"SHUTDOWN_COORDINATOR_DOORBELL={RUN}/doorbell/doorbell",
+                "--env", f"SHUTDOWN_COORDINATOR_STATE_FILE={manifests['STATE_FILE']}",
+                "--env", f"SHUTDOWN_COORDINATOR_DOORBELL={manifests['DOORBELL']}",
                 sidecar)
     wait_for(lambda: _listening(podman, name), timeout=120, what="the coordinator listening")
     check = podman.run("healthcheck", "run", name, check=False)
