@@ -235,6 +235,9 @@ class Outcome:
     runtime_sigkill: list[str]
     drain: dict[str, Any] | None
     """The coordinator's last ``/status`` (its drain summary), sidecar runs only."""
+    load_average: float | None = None
+    """The machine's 1-minute load average when the pod was deleted (timings are read
+    against it: the machine is shared)."""
 
     def save(self) -> None:
         RESULTS.mkdir(parents=True, exist_ok=True)
@@ -309,6 +312,7 @@ def delete_under_load(pod: Pod, *, overlay: str, strategy: str, exits: ProcessEx
     helper = threading.Thread(target=during, daemon=True) if during else None
     if helper:
         helper.start()
+    load_average = round(os.getloadavg()[0], 1)
     deletion = pod.delete()
     reader.join(timeout=120)
     if helper:
@@ -344,7 +348,7 @@ def delete_under_load(pod: Pod, *, overlay: str, strategy: str, exits: ProcessEx
         processes=ended, stream=read.verdict, stream_tokens=read.tokens,
         stream_text=read.text, stream_error=read.error, seconds=round(deletion.seconds, 1),
         runtime_sigkill=[c.name for c in deletion.containers.values() if c.runtime_sigkill],
-        drain=drain)
+        drain=drain, load_average=load_average)
     outcome.save()
     return outcome, deletion
 

@@ -52,10 +52,13 @@ def row(outcome: dict[str, Any]) -> str:
     stream = outcome["stream"] + ("" if outcome["stream"] != "cut"
                                   else f" after {outcome['stream_tokens']} tokens")
     sigkill = " (runtime SIGKILL)" if "engine" in outcome["runtime_sigkill"] else ""
+    load = outcome.get("load_average")
+    seconds = f"{outcome['seconds']:.1f} s / {outcome['grace_period']} s" + (
+        "" if load is None else f" (load {load:g})")
     return (f"| {outcome['overlay']} | {outcome['strategy']} | "
             f"{code(outcome['engine_exit'])}{sigkill} | {code(outcome['sidecar_exit'])} | "
             f"{outcome['hook']} | {processes(outcome)} | {stream} | "
-            f"{outcome['seconds']:.1f} s / {outcome['grace_period']} s | "
+            f"{seconds} | "
             f"{coordinator(outcome)} |")
 
 
