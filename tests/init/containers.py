@@ -18,10 +18,8 @@ own: its first process is PID 1, which is what the comparison is about.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -30,8 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from tests.pods.images import Images
-from tests.pods.podman import CONTAINERS_CONF, LABEL, PODS_DIR, REPO
+from tests.pods.podman import CONTAINERS_CONF, LABEL, PODS_DIR, REPO, missing_tools
 from tests.pods.podman import Podman as PodPodman
+from tests.pods.podman import unavailable as podman_unavailable
 
 COMMAND_S = 300.0
 
@@ -98,22 +97,10 @@ def mounts(records: Path, extra: Sequence[Path] = ()) -> list[str]:
     return [*flags, "-v", f"{records}:{records}"]
 
 
-@functools.cache
 def unavailable() -> str | None:
-    """Why containers cannot run here, or None."""
-    missing = [tool for tool in ("podman", "runc", "mmdebstrap")
-               if shutil.which(tool) is None]
+    """Why containers cannot run here, or None: podman as the pod tests run it
+    (``tests.pods.podman.unavailable``), and mmdebstrap for the base."""
+    missing = missing_tools(("mmdebstrap",))
     if missing:
-        return (f"not installed: {', '.join(missing)} (Debian: apt-get install podman runc "
-                "mmdebstrap)")
-    if os.geteuid() != 0:
-        return "the container tests run podman as root"
-    podman = Podman()
-    podman.prepare()
-    done = podman.run("info", "--format", "{{.Host.OCIRuntime.Name}}", check=False,
-                      timeout=120)
-    if done.returncode != 0:
-        return f"podman cannot run here: {done.stderr.strip()[-400:]}"
-    if done.stdout.strip() != "runc":
-        return f"podman's runtime is {done.stdout.strip()!r}, not runc"
-    return None
+        return "not installed: mmdebstrap (Debian: apt-get install mmdebstrap)"
+    return podman_unavailable()

@@ -40,7 +40,8 @@ import httpx
 
 from devstack.routers import free_port
 from devstack.sim.records import read_records
-from tests.init.containers import LABEL, Podman, mounts
+from tests.init.containers import Podman, mounts
+from tests.pods.podman import LABEL
 
 VENV_BIN = Path(sys.executable).parent
 PYTHON = str(VENV_BIN / "python")
