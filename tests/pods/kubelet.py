@@ -280,7 +280,9 @@ class Pod:
         deadline = time.monotonic() + timeout
         while not self.ready():
             for container in self.containers.values():
-                if (not container.init or container.sidecar) and container.started \
+                # Started by the runtime, not only past its startup probe: a container that
+                # dies while that probe still fails would otherwise be waited for in vain.
+                if (not container.init or container.sidecar) and container.host_pid \
                         and not self._running(container):
                     raise AssertionError(f"container {container.name} exited before the pod "
                                          f"was Ready:\n{self.logs(container.name)[-3000:]}")
