@@ -193,8 +193,26 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-.venv/bin/pytest -m engine tests/engines tests/routers tests/bench/test_rollout.py tests/init
+# Two streams side by side: the real engines (vLLM, SGLang, Dynamo: mostly one engine's CPU at
+# a time) and the real routers in front of simulated engines (light: mostly waiting). Each
+# stream's output is shown whole once both have ended; the step fails if either did.
+router_log=.engines/router-tests.log
+.venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
+    > "$router_log" 2>&1 &
+router_tests=$!
+engine_status=0
+.venv/bin/pytest -m engine tests/engines tests/init || engine_status=$?
+router_status=0
+wait "$router_tests" || router_status=$?
+echo "== real routers in front of simulated engines (run beside the engine tests)"
+cat "$router_log"
 echo "engine tests: $((SECONDS - engine_started)) s wall time"
+if [ "$engine_status" != 0 ]; then
+    exit "$engine_status"
+fi
+if [ "$router_status" != 0 ]; then
+    exit "$router_status"
+fi
 echo "== container tests (podman: the images built from deploy/container/Dockerfile, overlays"
 echo "   as pods with their engines deleted with a stream in flight as the kubelet deletes them;"
 echo "   the engine as PID 1 under run, tini, tini -g, dumb-init, no init)"
