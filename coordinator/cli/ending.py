@@ -12,14 +12,23 @@ away (``| head``). One rule for all of them, applied by ``entry.main``:
 
 Python ignores SIGPIPE, so a write to a pipe nobody reads raises ``BrokenPipeError``; the
 standard streams are wrapped here so that it never reaches the command.
+
+The commands that wait on the coordinator over HTTP (``drain``, ``status``) end at the
+signal itself (``interrupt_ends_at_once``), not by a ``KeyboardInterrupt`` raised wherever
+the main thread was: httpx's connection pool is not safe against an exception between a
+lock's acquire and its ``with`` block, and a Ctrl-C landing there left the pool's lock held,
+so the client's close at the way out waited for it forever (``status --watch`` hung after
+Ctrl-C, every time under coverage's tracer, which widens that window).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any, TextIO
 
 from coordinator import exit_codes
@@ -90,3 +99,23 @@ def interrupted(what_goes_on: str) -> int:
     fresh = "\r\x1b[K" if sys.stderr.isatty() else ""
     print(f"{fresh}interrupted: {what_goes_on}", file=sys.stderr, flush=True)
     return exit_codes.INTERRUPTED
+
+
+def interrupt_ends_at_once(what_goes_on: Callable[[], str]) -> None:
+    """From now on Ctrl-C (SIGINT) ends this process at the signal: what was written to
+    stdout is flushed, the ``interrupted:`` line (``what_goes_on()``) written straight to
+    stderr's descriptor, and the process exits ``INTERRUPTED`` without unwinding (no lock
+    of a library is waited for on the way out). Left as it is when SIGINT is ignored (a
+    background job) or already handled by someone else."""
+    if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        with contextlib.suppress(Exception):  # the main thread may be inside a write
+            sys.stdout.flush()
+        fresh = "\r\x1b[K" if sys.stderr.isatty() else ""
+        with contextlib.suppress(OSError):
+            os.write(2, f"{fresh}interrupted: {what_goes_on()}\n".encode())
+        os._exit(exit_codes.INTERRUPTED)
+
+    signal.signal(signal.SIGINT, on_sigint)

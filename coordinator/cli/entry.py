@@ -34,6 +34,9 @@ class Command(Protocol):
 COMMANDS: dict[str, Command] = {"serve": serve, "run": run, "drain": drain, "status": status,
                                 "kill": kill}
 """Each subcommand's module, in the order ``--help`` lists them."""
+ENDED_AT_THE_SIGNAL = ("drain", "status")
+"""The commands that wait on the coordinator over HTTP: Ctrl-C ends them at the signal
+(``ending.interrupt_ends_at_once``)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,6 +71,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except SystemExit as exc:
             return exit_codes.USAGE if exc.code not in (0, None) else exit_codes.OK
         command = COMMANDS[args.command]
+        if args.command in ENDED_AT_THE_SIGNAL:
+            ending.interrupt_ends_at_once(lambda: command.interrupted(args))
         try:
             return command.run(args)
         except KeyboardInterrupt:
