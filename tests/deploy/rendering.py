@@ -70,6 +70,9 @@ COMBINED = (
     ),
 )
 VARIANTS = SHIPPED + COMBINED
+ENGINE_INIT = Variant("vllm-init", "adopted-vllm", ("engine-init",), shipped=True)
+"""The overlay with the coordinator as the engine container's init: no sidecar, so none of
+the sidecar checks over ``VARIANTS`` apply (tests/deploy/test_engine_init_manifests.py)."""
 
 
 def kubectl() -> str | None:

@@ -14,9 +14,9 @@ from coordinator.cli import build_parser
 from coordinator.cli.serve import checked_settings
 from coordinator.engines import PROFILES
 from tests.deploy.rendering import (
+    ENGINE_INIT,
     NATIVE_SIDECAR_VERSIONS,
     Rendered,
-    Variant,
     kubectl,
     kustomize,
     stage,
@@ -32,8 +32,7 @@ POD_IP = "10.1.2.3"
 @pytest.fixture(scope="module")
 def rendered(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
     root = stage(tmp_path_factory.mktemp("deploy"))
-    return Rendered(Variant("vllm-init", "adopted-vllm", ("engine-init",), shipped=True),
-                    kustomize(root / "overlays" / "vllm-init"))
+    return Rendered(ENGINE_INIT, kustomize(root / "overlays" / ENGINE_INIT.name))
 
 
 def _settings_env(rendered: Rendered) -> dict[str, str]:

@@ -39,7 +39,7 @@ import psutil
 from devstack.routers import free_port
 from tests.engines.stack import tree
 from tests.engines.tiny_model import prompt, write_tiny_model
-from tests.init.wrapper import SUMMARY, logfmt_fields
+from tests.init.wrapper import read_run_log
 
 ENGINES = Path(os.environ.get("ENGINES_DIR", Path(__file__).resolve().parents[2] / ".engines"))
 VENV_BIN = Path(sys.executable).parent
@@ -284,14 +284,8 @@ def run_one(init: str, engine: list[str], engine_url: str, scratch: Path,
     summary = None
     reported: dict[int, dict[str, Any]] = {}
     if init == "run":
-        lines = log.read_text(errors="replace").strip().splitlines()
-        if SUMMARY in lines[-1]:
-            summary = logfmt_fields(lines[-1].split(SUMMARY, 1)[1])
-        for line in lines:
-            for marker in ("drain process: ", "left behind: "):
-                if marker in line:
-                    fields = logfmt_fields(line.split(marker, 1)[1])
-                    reported[int(fields["pid"])] = fields
+        run_log = read_run_log(log.read_text(errors="replace"))
+        summary, reported = run_log.summary, run_log.processes
     return Row(init, init_pid, main_pid, code, processes, left, stream.how, stop_s, summary,
                traced.get(init_pid, Traced(init_pid)).sent if init != "no init" else [],
                reported)

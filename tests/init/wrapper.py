@@ -42,6 +42,38 @@ def logfmt_fields(text: str) -> dict[str, Any]:
     return out
 
 
+PROCESS_MARKERS = ("drain process: ", "left behind: ")
+"""``run``'s own line for each process it ended: in the drain, or after the engine."""
+DRAIN_END = "drain end: "
+
+
+@dataclass
+class RunLog:
+    """What ``run`` logged of how it ended: its summary (which must be the last line), the
+    drain's own end line, and its line for each process it ended, by PID."""
+
+    summary: dict[str, Any] | None
+    drain: dict[str, Any] | None
+    processes: dict[int, dict[str, Any]]
+
+
+def read_run_log(text: str) -> RunLog:
+    """``run``'s end in its log (``coordinator.logfmt`` lines among the engine's own)."""
+    lines = text.strip().splitlines()
+    summary = (logfmt_fields(lines[-1].split(SUMMARY, 1)[1])
+               if lines and SUMMARY in lines[-1] else None)
+    drain = None
+    processes: dict[int, dict[str, Any]] = {}
+    for line in lines:
+        if DRAIN_END in line:
+            drain = logfmt_fields(line.split(DRAIN_END, 1)[1])
+        for marker in PROCESS_MARKERS:
+            if marker in line:
+                fields = logfmt_fields(line.split(marker, 1)[1])
+                processes[int(fields["pid"])] = fields
+    return RunLog(summary, drain, processes)
+
+
 @dataclass
 class Wrapper:
     """One ``run`` process."""

@@ -1,6 +1,6 @@
 """Fixtures of the pod tests: podman (skipped, with the reason, where it cannot run), the
-images (built once per session), the kernel's exit records, and pods that are removed
-whatever the test did.
+images (built once per session), the kernel's exit records, the engines' tiny model, and
+pods that are removed whatever the test did.
 
 Every test module here is marked ``container`` (``pytestmark``): the core suite leaves them
 out, scripts/test.sh runs them in its container step.
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.engines.tiny_model import write_tiny_model
 from tests.pods import exits
 from tests.pods.images import Images
 from tests.pods.kubelet import Pod
@@ -47,6 +48,16 @@ def process_exits() -> Iterator[exits.ProcessExits]:
         pytest.skip(reason)
     with exits.ProcessExits() as listener:
         yield listener
+
+
+@pytest.fixture(scope="session")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model, readable by the engines' user in the pod."""
+    directory = write_tiny_model(tmp_path_factory.mktemp("pod-model"))
+    directory.chmod(0o755)
+    for path in directory.iterdir():
+        path.chmod(0o644)
+    return directory
 
 
 PodFactory = Callable[..., Pod]

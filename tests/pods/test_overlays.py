@@ -27,7 +27,7 @@ from tests.deploy.engine_shapes import ENV as SHAPED_ENGINE
 from tests.deploy.engine_shapes import RELEASE
 from tests.deploy.simulated_pod import HOLD_AT, PROMPT, SHAPES, STREAM_TOKENS
 from tests.engines.stack import DYNAMO_START_S, ENGINES, LOOPBACK_ENV
-from tests.engines.tiny_model import prompt, write_tiny_model
+from tests.engines.tiny_model import prompt
 from tests.pods.conftest import PodFactory, shared_directory
 from tests.pods.exits import ProcessExits
 from tests.pods.images import Images, python_home
@@ -66,16 +66,6 @@ def engine_venv(name: str) -> Path:
     if not (venv / ".installed").exists():
         pytest.skip(f"{name} is not installed in {ENGINES}: run scripts/engines.sh {name}")
     return venv
-
-
-@pytest.fixture(scope="session")
-def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model, readable by the engines' user in the pod."""
-    directory = write_tiny_model(tmp_path_factory.mktemp("pod-model"))
-    directory.chmod(0o755)
-    for path in directory.iterdir():
-        path.chmod(0o644)
-    return directory
 
 
 def mounted(venv: Path, model: Path) -> dict[str, str]:
