@@ -220,8 +220,9 @@ echo "   the engine as PID 1 under run, tini, tini -g, dumb-init, no init)"
 # manifests run them, health check included; the vllm and sglang overlays as shipped, each a
 # pod with its real engine deleted with a stream in flight (minutes each: the engines start
 # slowly on 2 cores); the init comparison. CONTAINER_TESTS=all also runs the pod runner's
-# own tests, the adopted-vllm, dynamo-worker and trtllm overlays and every baseline, which
-# make docs/deploy.md's table; any other value is a pytest -k expression over all of them.
+# own tests, the adopted-vllm, vllm-init, dynamo-worker and trtllm overlays and every
+# baseline, which make docs/deploy.md's table; any other value is a pytest -k expression
+# over all of them.
 # CI's selection took 360 s on the 2-core machine at a load average of 2-6 with the bases
 # already made (they are made in the background above): vllm 129 s, sglang 124 s, the
 # images 27 s, the init comparison 75 s; with every overlay as shipped, the runner's own

@@ -26,7 +26,11 @@ No registry is reachable, so nothing is pulled:
    image store on every change of the engine and cost minutes of CI for bytes a read-only
    mount gives at once; what differs from an engine's published image is only where the
    same files come from.
-5. The simulated engine's image (for the engines that cannot run here): the sidecar image
+5. An engine's image with the coordinator as its init (the ``vllm-init`` overlay's):
+   ``deploy/container/Dockerfile.engine-init`` as it is, on that engine's image of step 4
+   (whose python3 at build time is the base's: the engine's virtualenv is only mounted in
+   the pod), as the engine's user.
+6. The simulated engine's image (for the engines that cannot run here): the sidecar image
    (the project and its dependencies, devstack's simulated engine among them) with the
    recipe's ``engine`` target on top (the hook; ``worker_client`` is already there), and
    ``PATH``/``PYTHONPATH`` set for the engine shims the pod mounts.
@@ -68,6 +72,7 @@ ENGINE_HOOK = "localhost/engine-hook:test"
 """The recipe's engine target on ``ENGINE_BASE``: what each engine's layer starts from."""
 SIM_ENGINE = "localhost/simulated-engine:test"
 RECIPE = REPO / "deploy" / "container" / "Dockerfile"
+INIT_RECIPE = REPO / "deploy" / "container" / "Dockerfile.engine-init"
 IGNORE_FILE = REPO / "deploy" / "container" / "Dockerfile.dockerignore"
 ENGINE_LAYER = Path(__file__).with_name("Containerfile.engine")
 SIM_LAYER = Path(__file__).with_name("Containerfile.sim")
@@ -78,6 +83,10 @@ BUILD_TIMEOUT_S = 900.0
 
 def engine_image(engine: str) -> str:
     return f"localhost/{engine}-engine:test"
+
+
+def engine_init_image(engine: str) -> str:
+    return f"localhost/{engine}-engine-init:test"
 
 
 @dataclass
@@ -203,7 +212,19 @@ class Images:
                    "--tag", engine_image(name), context=ENGINE_LAYER.parent, cache=True)
         return engine_image(name)
 
-    # 5. The simulated engine.
+    # 5. An engine behind the coordinator.
+
+    def engine_init(self, name: str, venv: Path) -> str:
+        """``name``'s image (``engine``) with the coordinator as its init."""
+        base = self.engine(name, venv)
+        self.build(f"the {name} engine with the coordinator as its init "
+                   "(deploy/container/Dockerfile.engine-init)",
+                   "--file", str(INIT_RECIPE), "--ignorefile", str(IGNORE_FILE),
+                   "--build-arg", f"ENGINE_IMAGE={base}", "--build-arg", "ENGINE_USER=1000:1000",
+                   "--tag", engine_init_image(name))
+        return engine_init_image(name)
+
+    # 6. The simulated engine.
 
     def simulated_engine(self) -> str:
         if SIM_ENGINE in self._built:

@@ -312,9 +312,16 @@ class Pod:
                                check=False)
 
     def processes(self) -> list[PodProcess]:
-        """Every process in the pod's PID namespace now (from ``/proc``)."""
+        """Every process of the pod now (from ``/proc``): those in its PID namespace, and
+        without ``shareProcessNamespace`` those in each running container's own (each
+        ``pod_pid`` is then its PID in its container's namespace)."""
         assert self.infra_pid is not None
-        return pod_processes(self.infra_pid)
+        found = {p.host_pid: p for p in pod_processes(self.infra_pid)}
+        if not self.spec.get("shareProcessNamespace"):
+            for container in self.containers.values():
+                if container.host_pid is not None and self._running(container):
+                    found.update((p.host_pid, p) for p in pod_processes(container.host_pid))
+        return list(found.values())
 
     def logs(self, container: str) -> str:
         found = self.containers[container]

@@ -23,7 +23,10 @@ The strategies (``STRATEGIES``):
   engine's readiness its own ``/health`` (what its startup probe reads); the kubelet's
   SIGTERM is all the engine gets;
 - ``prestop-sleep``: the same plus a ``preStop: sleep`` as long as the overlay's min-drain
-  (at least 5 s), the usual wait for endpoints to drop the pod, then the engine's own wait.
+  (at least 5 s), the usual wait for endpoints to drop the pod, then the engine's own wait;
+- ``init``: the ``vllm-init`` overlay as shipped: one container, the coordinator its PID 1
+  (``shutdown-coordinator run``), no sidecar, no hook; what it reported is read from its
+  log (``init_report``).
 
 What each run shows comes from the records of the things themselves: the runtime's exit code
 of each container (``podman inspect``), the kernel's wait status of every process of the pod
@@ -46,7 +49,8 @@ from typing import Any
 
 import httpx
 
-from tests.deploy.rendering import SHIPPED, Rendered, render, stage
+from tests.deploy.rendering import ENGINE_INIT, SHIPPED, Rendered, render, stage
+from tests.init.wrapper import read_run_log
 from tests.pods.exits import ProcessExits
 from tests.pods.kubelet import Pod
 from tests.pods.podman import PODS_DIR
@@ -57,6 +61,9 @@ TOKEN = "pod-overlay-token-0123456789abcdef0123"
 ENGINE = "engine"
 COORDINATOR = "shutdown-coordinator"
 STRATEGIES = ("sidecar", "sigterm", "prestop-sleep")
+INIT = "init"
+"""The strategy of the overlay that ships the coordinator as the engine container's init
+(``vllm-init``): the overlay as shipped, as ``sidecar`` is for the others."""
 RESULTS = PODS_DIR / "results"
 """Each run's outcome as JSON (``report.py`` makes docs/deploy.md's table from them)."""
 COORDINATOR_NAMES = ("coordinator-token", "drain-hook", "coordinator-doorbell",
@@ -94,7 +101,7 @@ def without_flags(args: list[str], *flags: str) -> list[str]:
 
 
 def rendered(overlay: str, scratch: Path) -> Rendered:
-    variant = next(v for v in SHIPPED if v.name == overlay)
+    variant = next(v for v in (*SHIPPED, ENGINE_INIT) if v.name == overlay)
     return Rendered(variant, render(stage(scratch), variant))
 
 
@@ -111,7 +118,7 @@ def min_drain(pod: Rendered) -> int:
 
 def template(pod: Rendered, machine: Machine, strategy: str) -> dict[str, Any]:
     """The rendered pod template, on this machine, for ``strategy``."""
-    assert strategy in STRATEGIES, strategy
+    assert strategy in (*STRATEGIES, INIT), strategy
     spec: dict[str, Any] = copy.deepcopy(pod.deployment["spec"]["template"])
     pod_spec = spec["spec"]
     engine = next(c for c in pod_spec["containers"] if c["name"] == ENGINE)
@@ -129,7 +136,7 @@ def template(pod: Rendered, machine: Machine, strategy: str) -> dict[str, Any]:
         pod_spec["volumes"].append({"name": name, "hostPath": {"path": host}})
         engine.setdefault("volumeMounts", []).append(
             {"name": name, "mountPath": inside, "readOnly": read_only})
-    if strategy != "sidecar":
+    if strategy not in ("sidecar", INIT):
         pod_spec["initContainers"] = [c for c in pod_spec.get("initContainers") or []
                                       if c["name"] != COORDINATOR]
         engine["env"] = [e for e in engine["env"]
@@ -234,7 +241,8 @@ class Outcome:
     seconds: float
     runtime_sigkill: list[str]
     drain: dict[str, Any] | None
-    """The coordinator's last ``/status`` (its drain summary), sidecar runs only."""
+    """The coordinator's last ``/status`` (its drain summary), sidecar runs only; as the
+    engine's init, what it logged (``init_report``)."""
     load_average: float | None = None
     """The machine's 1-minute load average when the pod was deleted (timings are read
     against it: the machine is shared)."""
@@ -257,6 +265,22 @@ def hook_verdict(pod: Pod) -> str:
     if result.failed:
         return f"{result.kind}: {result.error} (FailedPreStopHook)"
     return f"{result.kind}, {result.exit_code if result.kind == 'exec' else result.status}"
+
+
+def init_report(log: str) -> dict[str, Any] | None:
+    """What the coordinator as the engine container's init reported, from its log (its API
+    is on the container's loopback and ends with it), in ``/status``'s shape: ``drain`` its
+    drain's end line, ``processes`` its line for each process it ended (``exit_code`` as a
+    number, negative for a signal); and ``init``, its summary, the log's last line. None
+    when that last line is not its summary."""
+    found = read_run_log(log)
+    if found.summary is None:
+        return None
+    drain = dict(found.drain or {})
+    drain["causes"] = drain["causes"].split(" | ") if drain.get("causes") else []
+    processes = [{**fields, "pid": pid, "exit_code": None if fields.get("exit_code") is None
+                  else int(fields["exit_code"])} for pid, fields in found.processes.items()]
+    return {"drain": drain, "processes": processes, "init": found.summary}
 
 
 class StatusWatch:
@@ -318,6 +342,8 @@ def delete_under_load(pod: Pod, *, overlay: str, strategy: str, exits: ProcessEx
     if helper:
         helper.join(timeout=60)
     drain = watch.result() if watch else None
+    if strategy == INIT:
+        drain = init_report(deletion.containers[ENGINE].log)
     everything = exits.descendants(set(processes), noted_at) - {pod.infra_pid or 0}
     ends = exits.wait_for(everything, noted_at, timeout=30)
     names = {pid: proc.cmdline.split(" ")[0] if "::" in proc.cmdline else proc.name

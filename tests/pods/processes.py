@@ -45,9 +45,10 @@ def pod_pid(host_pid: int) -> int | None:
     return None
 
 
-def pod_processes(infra_pid: int) -> list[PodProcess]:
-    """Every process in the PID namespace of ``infra_pid`` (the pod's pause process)."""
-    namespace = _pid_ns(infra_pid)
+def pod_processes(member: int) -> list[PodProcess]:
+    """Every process in the PID namespace of ``member`` (the pod's pause process, or a
+    container's main process when the pod's containers have namespaces of their own)."""
+    namespace = _pid_ns(member)
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or _pid_ns(int(entry)) != namespace:

@@ -16,9 +16,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from tests.pods.overlays import RESULTS, STRATEGIES
+from tests.pods.overlays import INIT, RESULTS, STRATEGIES
 
-OVERLAYS = ("vllm", "adopted-vllm", "sglang", "dynamo-worker", "trtllm")
+OVERLAYS = ("vllm", "adopted-vllm", "vllm-init", "sglang", "dynamo-worker", "trtllm")
 HEADER = ("| overlay | strategy | engine exit | sidecar exit | preStop hook | processes (kernel) "
           "| stream | deleted → gone / grace | coordinator |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -36,7 +36,7 @@ def processes(outcome: dict[str, Any]) -> str:
 
 def coordinator(outcome: dict[str, Any]) -> str:
     drain = outcome.get("drain")
-    if outcome["strategy"] != "sidecar":
+    if outcome["strategy"] not in ("sidecar", INIT):
         return "—"
     if not drain or not drain.get("drain"):
         return "no summary"
@@ -65,7 +65,7 @@ def row(outcome: dict[str, Any]) -> str:
 def table(results: Path = RESULTS) -> str:
     lines = [HEADER]
     for overlay in OVERLAYS:
-        for strategy in STRATEGIES:
+        for strategy in (*STRATEGIES, INIT):
             path = results / f"{overlay}-{strategy}.json"
             if path.exists():
                 lines.append(row(json.loads(path.read_text())))
