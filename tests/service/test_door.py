@@ -4,7 +4,13 @@ kubelet's ``GET /drain`` are answered, and a request already being answered (a l
 never closed to make room.
 
 No timing is asserted: each probe only has to be answered (the kubelet's own timeout is
-seconds; ``bench/door_flood.py`` measures the answer times).
+seconds; ``bench/door_flood.py`` measures the answer times). A probe whose client is
+descheduled between its connect and its first byte, while the flood opens the cap's worth of
+newer connections, can still be closed for room (seen once in about 40 probes at a load
+average of 6 under coverage). The kubelet tries a failed probe again next period and only
+acts after ``failureThreshold`` failures in a row (3 by default), and the shipped drain hook
+asks again after a reset: so a probe may meet a closed connection, never a wrong answer, and
+never ``KUBELET_ATTEMPTS`` times in a row.
 """
 
 from __future__ import annotations
@@ -26,9 +32,25 @@ CAP = 16
 FLOOD_CONNECTIONS = 4 * CAP
 
 
+KUBELET_ATTEMPTS = 3
+"""A probe's ``failureThreshold`` by default: failures in a row before the kubelet acts."""
+CLOSED_FOR_ROOM = ("closed", "ConnectionResetError", "BrokenPipeError")
+"""What a client whose connection was closed to make room sees (``door_flood.ask``)."""
+
+
 def ask(port: int, path: str) -> int | str:
     """One kubelet-shaped request on a fresh connection: its status, or why none came."""
     return door_flood.ask(port, path, timeout_s=60)[0]
+
+
+def ask_as_the_kubelet(port: int, path: str) -> list[int | str]:
+    """Up to ``KUBELET_ATTEMPTS`` requests, until one is answered: every attempt's result."""
+    attempts: list[int | str] = []
+    while len(attempts) < KUBELET_ATTEMPTS:
+        attempts.append(ask(port, path))
+        if attempts[-1] not in CLOSED_FOR_ROOM:
+            break
+    return attempts
 
 
 def test_probes_and_the_drain_are_answered_under_a_reconnecting_flood(
@@ -37,8 +59,11 @@ def test_probes_and_the_drain_are_answered_under_a_reconnecting_flood(
     """1. a coordinator capped at 16 connections; a router's long-poll waits on ``/status``;
     2. 64 connections that send nothing, each reopened as soon as it is closed, until the
        coordinator has closed many of them (it is full);
-    3. 20 probes of ``/healthz`` and 20 of ``/readyz``, each on a fresh connection: all 200;
-    4. the kubelet's ``GET /drain``: 200, ``done``;
+    3. 20 probes of ``/healthz`` and 20 of ``/readyz``, each on a fresh connection, tried
+       again as the kubelet does: each answered 200 within ``KUBELET_ATTEMPTS``, every other
+       attempt a connection closed for room, never another answer;
+    4. the kubelet's ``GET /drain``, asked again after a reset as the drain hook does: 200,
+       ``done``;
     5. the long-poll, whose whole request the coordinator had read (its socket's receive
        queue empty), was not closed for room: it is answered (200) with the drain's newer
        generation."""
@@ -60,10 +85,12 @@ def test_probes_and_the_drain_are_answered_under_a_reconnecting_flood(
         wait_for(lambda: _established(port) >= CAP or None,
                  what="the coordinator full of flood connections")
         # 3.
-        answers = [ask(port, path) for _ in range(20) for path in ("/healthz", "/readyz")]
-        assert answers == [200] * 40, answers
+        probes = [ask_as_the_kubelet(port, path)
+                  for _ in range(20) for path in ("/healthz", "/readyz")]
+        assert [attempts[-1] for attempts in probes] == [200] * 40, probes
+        assert all(a in CLOSED_FOR_ROOM for attempts in probes for a in attempts[:-1]), probes
         # 4.
-        assert ask(port, "/drain") == 200
+        assert ask_as_the_kubelet(port, "/drain")[-1] == 200
     finally:
         flood.send_signal(signal.SIGTERM)
         flood.wait(timeout=60)
