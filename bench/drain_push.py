@@ -48,6 +48,8 @@ class PushResult:
     push_ms: list[float] = field(default_factory=list)
     """From the coordinator's drain start to each shutdown_event set."""
     handoff_ms: list[float] = field(default_factory=list)
+    not_in_flight: int = 0
+    """Streams counted on pod A that ended before the drain reached them (not handed back)."""
     received_ms: list[float] = field(default_factory=list)
     """From the coordinator's drain start to the drain line read off each worker's socket."""
     hop_ms: list[float] = field(default_factory=list)
@@ -134,6 +136,7 @@ async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path
         # 3. One round: all R streams on pod A, drain, collect, abort.
         await wait_streams_on(http, pod_a, streams)
         before = observer.count
+        made_before = coord_a.status()["migration_counts"]["handed_back"]
         sock = socket.create_connection((host, port))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         body = b'{"wait": false}'
@@ -160,11 +163,18 @@ async def _run_push(janitor: ProcessJanitor, args: argparse.Namespace, tmp: Path
         result.shutdown_ms += [(at - t0) * 1000 for at in times]
         result.push_ms += [(at - started_at) * 1000 for at in times]
         result.call_to_start_ms.append((started_at - t0) * 1000)
-        def handed_back(before: int = before) -> bool:
-            return observer.count >= before + streams
+        # The handoffs this drain made, from the coordinator once pod A holds nothing: a
+        # stream that ended between the count above and the drain's start was not handed
+        # back, and the observer must not be waited on for it.
+        await wait_pod_empty(http, pod_a)
+        made = coord_a.status()["migration_counts"]["handed_back"] - made_before
+        result.not_in_flight += streams - made
+
+        def handed_back(before: int = before, made: int = made) -> bool:
+            return observer.count >= before + made
 
         await asyncio.to_thread(wait_for, handed_back, what="handoffs seen")
-        result.handoff_ms += [(at - t0) * 1000 for at in observer.visible_at(before, streams)]
+        result.handoff_ms += [(at - t0) * 1000 for at in observer.visible_at(before, made)]
         with coord_a.client() as client:
             client.delete("/drain").raise_for_status()
         result.rounds += 1
@@ -188,12 +198,36 @@ async def client_loop(http: httpx.AsyncClient, router: str, i: int, stop: asynci
         n += 1
 
 
-async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: int) -> None:
-    """Until the engines of ``pod`` hold ``n`` requests in flight together."""
+async def wait_pod_empty(http: httpx.AsyncClient, pod: list[EngineHandle]) -> None:
+    """Until no engine of ``pod`` holds a request (each handed its streams back)."""
     while True:
         answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
-        if sum(a.json()["inflight"] for a in answers) >= n:
+        if not any(a.json()["inflight"] for a in answers):
             return
+        await asyncio.sleep(0.05)
+
+
+STREAMS_HELD_WITHIN_S = 120.0
+
+
+async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: int) -> None:
+    """Until the engines of ``pod`` hold ``n`` requests in flight together; a bench whose
+    one client process cannot keep ``n`` streams going at once (a loaded machine) stops
+    with what it saw instead of waiting for good."""
+    deadline = time.monotonic() + STREAMS_HELD_WITHIN_S
+    most = 0
+    while True:
+        answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
+        held = sum(a.json()["inflight"] for a in answers)
+        if held >= n:
+            return
+        most = max(most, held)
+        if time.monotonic() > deadline:
+            raise SystemExit(
+                f"pod A never held {n} streams at once in {STREAMS_HELD_WITHIN_S:.0f} s "
+                f"(at most {most}): "
+                f"this machine (load average {os.getloadavg()[0]:.1f}) cannot run {n} "
+                "streams from one client process; run it on a quiet machine")
         await asyncio.sleep(0.05)
 
 
@@ -208,6 +242,8 @@ def push_report(results: list[PushResult], args: argparse.Namespace) -> str:
     for r in results:
         hand = (f"{pct(r.handoff_ms, .5):.1f} / {pct(r.handoff_ms, .99):.1f} "
                 f"({len(r.handoff_ms)})" if r.handoff_ms else "-")
+        if r.not_in_flight:
+            hand += f", {r.not_in_flight} ended first"
         lines.append(
             f"{r.reader:<8}{r.streams:>8}{len(r.shutdown_ms):>9}  "
             f"{pct(r.shutdown_ms, .5):>7.2f} / {pct(r.shutdown_ms, .99):.2f} / "
