@@ -158,7 +158,7 @@ engines_install=$!
 # most of their time is waiting on the processes they start, and each test's janitor owns
 # only what its own worker started, so two tests at a time fill a 2-core machine that one
 # leaves half idle. worksteal rebalances the long tests (the group drain's) as workers empty.
-workers=(-n "${CORE_WORKERS:-2}" --dist worksteal)
+workers=(-n "${CORE_WORKERS:-2}" --dist worksteal --durations=15)
 started=$SECONDS
 status=0
 if [ "${COVERAGE:-1}" = 0 ]; then
@@ -193,29 +193,14 @@ if ! wait "$engines_install"; then
 fi
 cat .engines/install.log
 engine_started=$SECONDS
-# Two streams side by side: the real engines (vLLM, SGLang, Dynamo: mostly one engine's CPU at
-# a time) and the real routers in front of simulated engines (light: mostly waiting). Each
-# stream's output is shown whole once both have ended; the step fails if either did.
-router_log=.engines/router-tests.log
-.venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
-    > "$router_log" 2>&1 &
-router_tests=$!
-engine_status=0
-.venv/bin/pytest -m engine tests/engines tests/init || engine_status=$?
-router_status=0
-wait "$router_tests" || router_status=$?
-echo "== real routers in front of simulated engines (run beside the engine tests)"
-cat "$router_log"
-echo "engine tests: $((SECONDS - engine_started)) s wall time"
-if [ "$engine_status" != 0 ]; then
-    exit "$engine_status"
-fi
-if [ "$router_status" != 0 ]; then
-    exit "$router_status"
-fi
-echo "== container tests (podman: the images built from deploy/container/Dockerfile, overlays"
-echo "   as pods with their engines deleted with a stream in flight as the kubelet deletes them;"
-echo "   the engine as PID 1 under run, tini, tini -g, dumb-init, no init)"
+# Two streams side by side, each one real engine's CPU at a time at most:
+# - the real engines (vLLM, SGLang with one and two schedulers, Dynamo), in the foreground;
+# - the real routers in front of simulated engines (light: mostly waiting), the real engines
+#   under `run` (tests/init), then the container tests (podman: the images built from
+#   deploy/container/Dockerfile, overlays as pods with their engines deleted with a stream
+#   in flight as the kubelet deletes them, the engine as PID 1 under run, tini, tini -g,
+#   dumb-init, no init), logged to .engines/second-stream.log.
+# Each stream's output is shown whole once both have ended; the step fails if either did.
 # In CI's time budget (CONTAINER_TESTS unset, or ci): the images built and run as the
 # manifests run them, health check included; the vllm and sglang overlays as shipped, each a
 # pod with its real engine deleted with a stream in flight (minutes each: the engines start
@@ -223,10 +208,6 @@ echo "   the engine as PID 1 under run, tini, tini -g, dumb-init, no init)"
 # own tests, the adopted-vllm, vllm-init, dynamo-worker and trtllm overlays and every
 # baseline, which make docs/deploy.md's table; any other value is a pytest -k expression
 # over all of them.
-# CI's selection took 360 s on the 2-core machine at a load average of 2-6 with the bases
-# already made (they are made in the background above): vllm 129 s, sglang 124 s, the
-# images 27 s, the init comparison 75 s; with every overlay as shipped, the runner's own
-# tests and TRT-LLM's baselines added it took 12 minutes.
 container_paths=(tests/pods tests/init)
 selection=${CONTAINER_TESTS:-ci}
 case "$selection" in
@@ -235,6 +216,32 @@ case "$selection" in
         selection="not overlay or sidecar and (sglang or vllm and not adopted)" ;;
     all) selection="" ;;
 esac
-container_started=$SECONDS
-.venv/bin/pytest -m container "${container_paths[@]}" -k "$selection"
-echo "container tests: $((SECONDS - container_started)) s wall time"
+second_stream() {
+    local started=$SECONDS
+    echo "== real routers in front of simulated engines, the real engines under run"
+    .venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
+        tests/init || return
+    echo "routers and run: $((SECONDS - started)) s wall time"
+    started=$SECONDS
+    echo "== container tests (podman)"
+    .venv/bin/pytest -m container -p no:cacheprovider "${container_paths[@]}" -k "$selection" \
+        || return
+    echo "container tests: $((SECONDS - started)) s wall time"
+}
+second_log=.engines/second-stream.log
+second_stream > "$second_log" 2>&1 &
+second=$!
+engine_status=0
+.venv/bin/pytest -m engine tests/engines || engine_status=$?
+echo "real engines: $((SECONDS - engine_started)) s wall time"
+second_status=0
+wait "$second" || second_status=$?
+echo "== the second stream (run beside the real engines)"
+cat "$second_log"
+echo "engine and container tests: $((SECONDS - engine_started)) s wall time"
+if [ "$engine_status" != 0 ]; then
+    exit "$engine_status"
+fi
+if [ "$second_status" != 0 ]; then
+    exit "$second_status"
+fi
