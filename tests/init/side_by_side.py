@@ -40,8 +40,9 @@ import httpx
 
 from devstack.routers import free_port
 from devstack.sim.records import read_records
-from tests.init.containers import Podman, mounts
-from tests.pods.podman import LABEL
+from tests.init.containers import INIT_LABEL, mounts, remove
+from tests.pods.images import Images
+from tests.pods.podman import Podman
 
 VENV_BIN = Path(sys.executable).parent
 PYTHON = str(VENV_BIN / "python")
@@ -195,7 +196,7 @@ def _wait(predicate: Callable[[], Any], what: str, timeout: float = READY_S) -> 
     return value
 
 
-def run_one(podman: Podman, init: str, stream_kind: str, scratch: Path,
+def run_one(podman: Podman, images: Images, init: str, stream_kind: str, scratch: Path,
             grace_s: int = GRACE_S) -> Row:
     """1. Start the engine under ``init`` as the container's command; wait until it serves
        (and, under the worker_client variant, has registered).
@@ -210,8 +211,8 @@ def run_one(podman: Podman, init: str, stream_kind: str, scratch: Path,
     engine = engine_command(records, port, register=register)
     argv = INITS[init](engine, wrapper_flags(init, records, port, grace_s))
     name = f"init-{uuid.uuid4().hex[:10]}"
-    podman.run("run", "-d", "--name", name, "--label", f"{LABEL}=init", "--network", "host",
-               "--workdir", str(records), *mounts(records), podman.image(), *argv)
+    podman.run("run", "-d", "--name", name, *podman.labels(INIT_LABEL), "--network", "host",
+               "--workdir", str(records), *mounts(records), images.base(), *argv)
     try:
         state = podman.inspect(name)["State"]
         ready = _wait(lambda: (records / "ready.json").exists() and json.loads(
@@ -244,7 +245,7 @@ def run_one(podman: Podman, init: str, stream_kind: str, scratch: Path,
         reader.join(READY_S)
         exit_code = int(podman.inspect(name)["State"]["ExitCode"])
     finally:
-        podman.remove(name)
+        remove(podman, name)
     found = read_records(records)
     fates: dict[str, list[str]] = {}
     for record in found:
@@ -274,11 +275,12 @@ def main(argv: list[str] | None = None) -> int:
     podman = Podman()
     podman.prepare()
     podman.remove_leftovers()
+    images = Images(podman)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch:
         for stream_kind in args.streams:
             for init in args.inits:
-                row = run_one(podman, init, stream_kind,
+                row = run_one(podman, images, init, stream_kind,
                               Path(scratch) / f"{stream_kind}-{len(rows)}", args.grace)
                 print(row.markdown(), flush=True)
                 rows.append(row)

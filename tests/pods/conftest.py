@@ -1,6 +1,6 @@
-"""Fixtures of the pod tests: podman (skipped, with the reason, where it cannot run), the
-images (built once per session), the kernel's exit records, the engines' tiny model, and
-pods that are removed whatever the test did.
+"""Fixtures of the pod tests: the kernel's exit records, the engines' tiny model, and pods
+that are removed whatever the test did (podman and the images: ``tests/conftest.py``, shared
+with the init comparison's containers).
 
 Every test module here is marked ``container`` (``pytestmark``): the core suite leaves them
 out, scripts/test.sh runs them in its container step.
@@ -16,29 +16,10 @@ import pytest
 
 from tests.engines.tiny_model import write_tiny_model
 from tests.pods import exits
-from tests.pods.images import Images
 from tests.pods.kubelet import Pod
-from tests.pods.podman import Podman, unavailable
-from tests.pods.spec import Objects, unmount_leftovers
+from tests.pods.podman import Podman
+from tests.pods.spec import Objects
 from tests.support.processes import ProcessJanitor
-
-
-@pytest.fixture(scope="session")
-def podman() -> Iterator[Podman]:
-    reason = unavailable()
-    if reason is not None:
-        pytest.skip(reason)
-    runtime = Podman()
-    runtime.prepare()
-    runtime.remove_leftovers()  # what an earlier, killed run left
-    unmount_leftovers()
-    yield runtime
-    runtime.remove_leftovers()
-
-
-@pytest.fixture(scope="session")
-def images(podman: Podman) -> Images:
-    return Images(podman)
 
 
 @pytest.fixture

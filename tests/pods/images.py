@@ -7,7 +7,8 @@ No registry is reachable, so nothing is pulled:
    recipe's stages need of an official Python image; and Debian's tini, for the init
    comparison's containers, ``tests/init/containers.py``) and ``ENGINE_BASE`` (also libnuma1 and
    g++, which vLLM's CPU build needs at run time: its kernels link libnuma, and
-   ``torch.compile`` builds C++ with g++; vLLM's own CPU image installs both). The package
+   ``torch.compile`` builds C++ with g++; vLLM's own CPU image installs both; and tini, for
+   the real engines' init comparison). The package
    list is a label of the image: a base is made again only when its list changes.
 2. A wheelhouse: the sidecar's dependencies and the build backend, downloaded on this machine
    by the tests' own pip (``pip download``), once per set of requirements in
@@ -64,7 +65,8 @@ BASE = f"localhost/debian-python:{SUITE}"
 BASE_PACKAGES = ("python3", "python3-pip", "tini")
 """tini: the init comparison (tests/init) runs its containers on this base too."""
 ENGINE_BASE = f"localhost/debian-python-engine:{SUITE}"
-ENGINE_BASE_PACKAGES = ("python3", "python3-pip", "libnuma1", "g++")
+ENGINE_BASE_PACKAGES = ("python3", "python3-pip", "libnuma1", "g++", "tini")
+"""tini: the real engines under each init (``tests/init/real_containers.py``) run on it."""
 BASE_LABEL = "io.shutdown-coordinator.test.packages"
 SIDECAR = "ghcr.io/shutdown-coordinator/shutdown-coordinator:0.1.0"
 """The coordinator's image, by the name the manifests give it (deploy/kubernetes/base)."""
