@@ -67,6 +67,9 @@ class EngineProfile:
     engine_kills: str = ""
     """What the engine SIGKILLs of its own tree when it stops, and what ends those processes
     cleanly: the drain's outcome says it of each process that died so."""
+    engine_env: tuple[tuple[str, str], ...] = ()
+    """Environment ``run`` gives the engine it starts, each only where the operator left it
+    unset: the engine's own shutdown waits its defaults make too short to stop cleanly."""
 
 
 
@@ -118,7 +121,18 @@ PROFILES: dict[str, EngineProfile] = {
         inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
         note="keep --disable-log-stats off (the in-flight gauges need it); set "
              "--shutdown-timeout (e.g. 30) so its API server, signalled first, stops its "
-             "engine itself and the preStop hook returns before it"),
+             "engine itself and the preStop hook returns before it",
+        # EngineCore's SIGTERM handler closes its Workers' death pipes, then waits
+        # VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS (default 5, envs.py:1876-1878) for them to exit
+        # and SIGTERMs what is left (multiproc_executor.py:458-507). A Worker still finalizing
+        # then dies of that SIGTERM's default action (CPython restores SIG_DFL as it
+        # finalizes), its cleanup unrun, with any init or none: EngineCore sent it in 6 of 7
+        # pod deletions on a loaded 2-core node and under `run` on the host (its strace:
+        # kill(Worker, SIGTERM) from EngineCore 5 s after its "waiting for worker exit";
+        # docs/deploy.md). Given 20 s, the Worker exited 0 by itself (after up to 9 s here),
+        # inside the 30 s --shutdown-timeout the manifests give the API server's own wait for
+        # EngineCore, which SIGKILLs EngineCore's tree past it (v1/utils.py:605-660).
+        engine_env=(("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", "20"),)),
     # sglang 0.5.23 (srt/ paths in its wheel), measured on the real engine (docs/engines.md).
     # Tree: the main process (tokenizer manager + uvicorn), the multiprocessing
     # resource_tracker, sglang::scheduler and sglang::detokenizer (spawned, with

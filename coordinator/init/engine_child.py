@@ -13,7 +13,9 @@
   default action (Python ignores ``SIGPIPE`` and ``SIGXFSZ``; an exec keeps what is
   ignored);
 - with ``SHUTDOWN_COORDINATOR_URL`` (and the token file, when one is set) in its
-  environment, unless already there, so a ``worker_client`` inside finds this coordinator.
+  environment, unless already there, so a ``worker_client`` inside finds this coordinator;
+  and with its ``--engine`` profile's ``engine_env`` where the environment leaves it unset
+  (vLLM: how long EngineCore waits for its Workers to exit before it SIGTERMs them).
 
 No ``subprocess.Popen``: it would wait for the child itself (``poll``, its finalizer, the
 next ``Popen``'s cleanup) and take its status from the reaper. The pidfd is opened at once:
@@ -77,13 +79,16 @@ class EngineChild:
             self.pidfd = None
 
 
-def child_environment(environ: Mapping[str, str], url: str,
-                      token_file: str | None) -> dict[str, str]:
-    """The engine's environment: ours, plus where this coordinator listens."""
+def child_environment(environ: Mapping[str, str], url: str, token_file: str | None,
+                      defaults: Sequence[tuple[str, str]] = ()) -> dict[str, str]:
+    """The engine's environment: ours, plus where this coordinator listens, plus
+    ``defaults`` (its profile's ``engine_env``) where ours leaves them unset."""
     env = dict(environ)
     env.setdefault("SHUTDOWN_COORDINATOR_URL", url)
     if token_file is not None:
         env.setdefault("SHUTDOWN_COORDINATOR_TOKEN_FILE", token_file)
+    for name, value in defaults:
+        env.setdefault(name, value)
     return env
 
 

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Generator, Sequence
 from types import FrameType
 
+from coordinator.engines import PROFILES
 from coordinator.init import engine_child
 from coordinator.init.lifecycle import forwarded
 from coordinator.init.reaper import become_subreaper
@@ -120,9 +121,15 @@ def run_engine(settings: Settings, argv: Sequence[str], *, stop_signal: int,
     # Step 3.
     shown = f"[{settings.host}]" if ":" in settings.host else settings.host
     token_file = str(settings.token_file) if settings.token_file is not None else None
-    env = engine_child.child_environment(os.environ, f"http://{shown}:{port}", token_file)
+    defaults = [(name, value) for name, value in PROFILES[settings.engine].engine_env
+                if name not in os.environ]
+    env = engine_child.child_environment(os.environ, f"http://{shown}:{port}", token_file,
+                                         defaults)
     child = engine_child.start(argv, env)
     log.info("engine started: pid %d: %s", child.pid, " ".join(argv))
+    if defaults:
+        log.info("engine environment from the %s profile (unset here): %s", settings.engine,
+                 " ".join(f"{name}={value}" for name, value in defaults))
     settings = settings.model_copy(update={
         "adopt_pids": [*settings.adopt_pids, child.pid],
         "confine_to_pid": settings.confine_to_pid or os.getpid()})
