@@ -21,6 +21,8 @@ it, the stream as the client received it, ``run``'s own summary (its log, ``podm
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import re
 import subprocess
@@ -63,6 +65,8 @@ INITS: dict[str, Callable[[list[str], list[str]], list[str]]] = {
 }
 """How each init is the container's command around the engine's (PID 1: tini needs no
 ``-s``)."""
+SHM = "1g"
+"""``/dev/shm``: vLLM's message queues take 160 MiB of it; podman's default is 64 MiB."""
 COMMAND_SLACK_S = 120.0
 ATTACH_S = 120.0
 UNREAPED_S = 1.0
@@ -195,7 +199,10 @@ class Row:
             return "the kernel"
         if pid == 0:
             return "the runtime"
-        seen = self.by_ns_pid(pid)
+        # The kernel gives the sender's PID in the receiver's namespace; a host PID is kept
+        # in case a tracer outside is told its own.
+        seen = self.by_ns_pid(pid) or (self.processes[pid][0] if pid in self.processes
+                                       else None)
         if seen is None:
             return f"PID {pid}"
         if seen.host_pid == self.init_pid and self.init != "no init":
@@ -208,13 +215,25 @@ class Row:
         main = " (main" + (", PID 1)" if seen.host_pid == self.init_pid else ")")
         return seen.name + (main if seen.host_pid == self.main_pid else "")
 
+    def killer(self, seen: Seen) -> str:
+        """Who SIGKILLed ``seen`` (a SIGKILL is never seen received: its ``kill`` call is),
+        or that none of the container's processes did: the kernel, which SIGKILLs what is
+        left in a PID namespace when its PID 1 ends, or the runtime."""
+        for other, traced in self.processes.values():
+            if any(sig == "SIGKILL" and target == str(seen.pid)
+                   for call, target, sig in traced.sent if call == "kill"):
+                return self.sender(other.pid)
+        return "none of them"
+
     def fates(self) -> str:
         parts = []
         for seen, traced in sorted(self.processes.values(), key=lambda p: p[0].pid):
             got = sorted({f"{sig} from {self.sender(sender)}" for sig, sender in traced.received
                           if sig != "SIGCHLD"})
-            parts.append(f"{self.label(seen)}: {', '.join(got) or 'no signal'} → "
-                         f"{traced.end or 'not seen to end'}")
+            end = traced.end or "not seen to end"
+            if end == "killed by SIGKILL":
+                end += f" (sent by {self.killer(seen)})"
+            parts.append(f"{self.label(seen)}: {', '.join(got) or 'no signal'} → {end}")
         return "; ".join(parts)
 
     def init_sent(self) -> str:
@@ -230,7 +249,7 @@ class Row:
         each = grouped or [f"{sig} to {self.label(seen)}"
                            for seen, traced in self.processes.values()
                            for sig, sender in traced.received
-                           if sender == ns_pid and sig != "SIGCHLD"]
+                           if sender in (ns_pid, self.init_pid) and sig != "SIGCHLD"]
         killed = [f"SIGKILL by {call}({target})" for call, target, sig in init.sent
                   if sig == "SIGKILL" and not target.startswith("-")]
         return ", ".join([*each, *killed]) or "nothing"
@@ -295,7 +314,7 @@ def run_one(podman: Podman, images: Images, init: str, engine: str, model: Path,
     name = f"init-{engine}-{uuid.uuid4().hex[:8]}"
     image = images.base(ENGINE_BASE, ENGINE_BASE_PACKAGES)
     podman.run("run", "-d", "--name", name, *podman.labels(INIT_LABEL), "--network", "host",
-               "--workdir", str(scratch), "--env", "OMP_NUM_THREADS=1",
+               "--workdir", str(scratch), "--env", "OMP_NUM_THREADS=1", "--shm-size", SHM,
                *mounts(scratch, (venv, python_home(venv), model)), image, *argv)
     tracer = None
     try:
@@ -309,6 +328,8 @@ def run_one(podman: Podman, images: Images, init: str, engine: str, model: Path,
                 raise AssertionError(f"{init}: the engine never became healthy")
             time.sleep(0.5)
         seen = namespace(pid1)
+        (scratch / "namespace.json").write_text(json.dumps(
+            {pid: dataclasses.asdict(one) for pid, one in seen.items()}))
         main_pid = pid1 if init == "no init" else min(
             p for p in seen if p != pid1 and _parent(p) == pid1)
         trace = scratch / "strace.log"
