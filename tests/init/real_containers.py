@@ -223,7 +223,7 @@ class Row:
             if any(sig == "SIGKILL" and target == str(seen.pid)
                    for call, target, sig in traced.sent if call == "kill"):
                 return self.sender(other.pid)
-        return "none of them"
+        return "no process in it"
 
     def fates(self) -> str:
         parts = []
@@ -232,7 +232,7 @@ class Row:
                           if sig != "SIGCHLD"})
             end = traced.end or "not seen to end"
             if end == "killed by SIGKILL":
-                end += f" (sent by {self.killer(seen)})"
+                end += f" (sender: {self.killer(seen)})"
             parts.append(f"{self.label(seen)}: {', '.join(got) or 'no signal'} → {end}")
         return "; ".join(parts)
 

@@ -13,7 +13,8 @@ SIGTERM to the init, SIGKILL to it GRACE seconds later if it is still there. One
 flight when the stop comes; it would end inside the grace period on its own.
 
 On the host the inits are not PID 1: tini runs with ``-s`` (a subreaper, as PID 1 would
-reap), dumb-init as it is; the container comparison (``side_by_side``) is the one for zombies.
+reap), dumb-init as it is; ``tests.init.real_containers`` runs the same engines with each
+init as a podman container's PID 1 (zombies, the runtime's exit code, the namespace's end).
 """
 
 from __future__ import annotations
