@@ -50,6 +50,38 @@ def mounts(records: Path, extra: Sequence[Path] = ()) -> list[str]:
     return [*flags, "-v", f"{records}:{records}"]
 
 
+def namespace_pids(pid1: int) -> list[int]:
+    """The host PIDs of the processes in ``pid1``'s PID namespace (read from the host)."""
+    try:
+        ns = os.readlink(f"/proc/{pid1}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def namespace_states(pid1: int) -> dict[int, tuple[str, int]]:
+    """The state letter (``Z``: a zombie) and the parent's host PID of each process in
+    ``pid1``'s PID namespace."""
+    states = {}
+    for pid in namespace_pids(pid1):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue
+        state, parent = stat.rsplit(")", 1)[1].split()[:2]
+        states[pid] = (state, int(parent))
+    return states
+
+
 def unavailable() -> str | None:
     """Why containers cannot run here, or None: podman as the pod tests run it
     (``tests.pods.podman.unavailable``), and mmdebstrap for the base."""

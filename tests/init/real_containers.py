@@ -20,7 +20,6 @@ it, the stream as the client received it, ``run``'s own summary (its log, ``podm
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -37,7 +36,13 @@ from typing import Any
 
 from devstack.routers import free_port
 from tests.engines.tiny_model import write_tiny_model
-from tests.init.containers import INIT_LABEL, mounts, remove
+from tests.init.containers import (
+    INIT_LABEL,
+    mounts,
+    namespace_pids,
+    namespace_states,
+    remove,
+)
 from tests.init.real_engines import (
     COMMANDS,
     ENGINES,
@@ -89,14 +94,9 @@ class Seen:
 def namespace(pid1: int) -> dict[int, Seen]:
     """Every process in ``pid1``'s PID namespace, by host PID: its PID there (``NSpid``) and
     its name (the title an engine set, else its command's)."""
-    ns = os.readlink(f"/proc/{pid1}/ns/pid")
     found = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in namespace_pids(pid1):
         try:
-            if os.readlink(f"/proc/{entry}/ns/pid") != ns:
-                continue
             status = Path(f"/proc/{entry}/status").read_text()
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
@@ -127,37 +127,29 @@ def merged(seen: Seen, traced: dict[int, Traced]) -> Traced:
 
 
 class Zombies:
-    """Samples the namespace's process states during the stop: which were zombies, and for
-    how long."""
+    """Samples the namespace's process states during the stop: which were zombies, for how
+    long, and whose child each was."""
 
     def __init__(self, pid1: int) -> None:
-        self.ns = os.readlink(f"/proc/{pid1}/ns/pid")
+        self.pid1 = pid1
         self.first_seen: dict[int, float] = {}
         self.last_seen: dict[int, float] = {}
+        self.parents: dict[int, set[int]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
-    def now(self) -> list[int]:
-        zombies = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                if os.readlink(f"/proc/{entry}/ns/pid") != self.ns:
-                    continue
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if stat.rsplit(")", 1)[1].split()[0] == "Z":
-                zombies.append(int(entry))
-        return zombies
+    def now(self) -> dict[int, int]:
+        """Each zombie now: its parent's host PID."""
+        states = namespace_states(self.pid1)
+        return {pid: parent for pid, (state, parent) in states.items() if state == "Z"}
 
     def _sample(self) -> None:
         while not self._stop.wait(0.2):
             at = time.monotonic()
-            for pid in self.now():
+            for pid, parent in self.now().items():
                 self.first_seen.setdefault(pid, at)
                 self.last_seen[pid] = at
+                self.parents.setdefault(pid, set()).add(parent)
 
     def __enter__(self) -> Zombies:
         self._thread.start()
@@ -168,8 +160,15 @@ class Zombies:
         self._thread.join(10)
 
     def unreaped(self) -> list[int]:
+        """Zombies seen for ``UNREAPED_S`` or more: the engine's own (a parent that reaps
+        its SIGKILLed children only as it exits), or PID 1's."""
         return [pid for pid, at in self.first_seen.items()
                 if self.last_seen[pid] - at >= UNREAPED_S]
+
+    def left_by(self, parent: int) -> list[int]:
+        """Those of ``unreaped`` that were ``parent``'s children (PID 1: the init's to
+        reap)."""
+        return [pid for pid in self.unreaped() if parent in self.parents[pid]]
 
 
 @dataclass
@@ -184,6 +183,8 @@ class Row:
     """Host PIDs: the container's PID 1, the engine's main process (PID 1 under no init)."""
     zombies_before: int
     zombies_unreaped: int
+    zombies_of_pid1: int
+    """Of ``zombies_unreaped``, the children of PID 1: those the init left unreaped."""
     stream: str
     stop_s: float
     log: str
@@ -256,13 +257,14 @@ class Row:
 
     def markdown(self) -> str:
         return (f"| {self.init} | {self.exit_code} | {self.init_sent()} | {self.fates()} "
-                f"| {self.zombies_before} / {self.zombies_unreaped} | {self.stream} "
+                f"| {self.zombies_before} / {self.zombies_unreaped} ({self.zombies_of_pid1} "
+                f"of PID 1) | {self.stream} "
                 f"| {self.stop_s:.1f} s |")
 
 
 HEADER = ("| init (PID 1) | exit code (podman) | the init sent | every process: signals "
-          "received, from whom → its end (strace) | zombies before / unreaped during the "
-          "stop | the stream | podman stop took |\n"
+          "received, from whom → its end (strace) | zombies: before the stop / one for 1 s "
+          "or more during it (of them PID 1's) | the stream | podman stop took |\n"
           "| --- | --- | --- | --- | --- | --- | --- |")
 
 
@@ -355,7 +357,8 @@ def run_one(podman: Podman, images: Images, init: str, engine: str, model: Path,
         remove(podman, name)
     traced = parse_strace(trace)
     row = Row(init, exit_code, {pid: (s, merged(s, traced)) for pid, s in seen.items()},
-              pid1, main_pid, before, len(zombies.unreaped()), stream.how, stop_s, text)
+              pid1, main_pid, before, len(zombies.unreaped()), len(zombies.left_by(pid1)),
+              stream.how, stop_s, text)
     if init == "run":
         run_log = read_run_log(text)
         row.summary, row.reported = run_log.summary, run_log.processes
@@ -373,15 +376,9 @@ def main(argv: list[str] | None = None) -> int:
     import tempfile
 
     from tests.init.containers import unavailable as containers_unavailable
-    from tests.init.real_engines import unavailable
+    from tests.init.real_engines import arguments, unavailable
 
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", choices=sorted(COMMANDS))
-    parser.add_argument("--inits", nargs="*", default=list(INITS))
-    parser.add_argument("--grace", type=int, default=GRACE_S)
-    parser.add_argument("--scratch", type=Path, default=None,
-                        help="keep the logs and traces here (default: a temporary directory)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, list(INITS), argv)
     reason = unavailable(args.engine) or containers_unavailable()
     if reason:
         print(reason)

@@ -313,16 +313,21 @@ def unavailable(engine: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    import tempfile
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arguments(doc: str, inits: Sequence[str], argv: list[str] | None) -> argparse.Namespace:
+    """The command line of an engine-under-each-init comparison."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("engine", choices=sorted(COMMANDS))
-    parser.add_argument("--inits", nargs="*", default=list(INITS))
+    parser.add_argument("--inits", nargs="*", default=list(inits))
     parser.add_argument("--grace", type=int, default=GRACE_S)
     parser.add_argument("--scratch", type=Path, default=None,
                         help="keep the logs and traces here (default: a temporary directory)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    args = arguments(__doc__, list(INITS), argv)
     reason = unavailable(args.engine)
     if reason:
         print(reason)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import threading
 import time
@@ -40,7 +39,7 @@ import httpx
 
 from devstack.routers import free_port
 from devstack.sim.records import read_records
-from tests.init.containers import INIT_LABEL, mounts, remove
+from tests.init.containers import INIT_LABEL, mounts, namespace_states, remove
 from tests.pods.images import Images
 from tests.pods.podman import Podman
 
@@ -114,19 +113,7 @@ def read_stream(url: str, max_tokens: int, stream: Stream,
 
 def pid_namespace_states(init_pid: int) -> list[str]:
     """The state letter of every process in ``init_pid``'s PID namespace (from the host)."""
-    ns = os.readlink(f"/proc/{init_pid}/ns/pid")
-    states = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.readlink(f"/proc/{entry}/ns/pid") != ns:
-                continue
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        states.append(stat.rsplit(")", 1)[1].split()[0])
-    return states
+    return [state for state, _ in namespace_states(init_pid).values()]
 
 
 def fate(record: dict[str, Any]) -> str:
