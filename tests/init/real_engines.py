@@ -61,7 +61,10 @@ INITS: dict[str, Callable[[list[str], list[str]], list[str]]] = {
 }
 _LINE = re.compile(r"^(\d+)\s+(?:--- (SIG\w+) \{(.*)\} ---|\+\+\+ (exited with (\d+)|killed by "
                    r"(SIG\w+))(?: \(core dumped\))? \+\+\+)$")
-_SENT = re.compile(r"^(\d+)\s+(kill|tgkill|pidfd_send_signal)\(([^)]*)\)\s+=\s+0")
+_SENT = re.compile(r"^(\d+)\s+(kill|tgkill|pidfd_send_signal)\(([^)]*?)"
+                   r"(?:\)\s+=\s+(?:0|\?)|\s*<unfinished \.\.\.>)")
+"""A signal-sending call that succeeded, or that never returned: a process's SIGKILL to
+itself (``kill(6, SIGKILL <unfinished ...>``, or ``= ?``)."""
 TRACED = "trace=kill,tgkill,pidfd_send_signal"
 """The signal-sending system calls: who sent what (a SIGKILL cannot be caught, so its sender
 is read from the call)."""
