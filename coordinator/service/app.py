@@ -38,7 +38,6 @@ from coordinator.service.fast_status import (
     limit_headers,
     long_poll,
 )
-from coordinator.service.group_routes import group_routes
 from coordinator.service.invalid_input import invalid_input
 from coordinator.service.metrics import CONTENT_TYPE
 from coordinator.service.models import AckRequest, DrainRequest, RegisterRequest, ReportRequest
@@ -50,7 +49,6 @@ from coordinator.service.request_guard import RequestGuard
 from coordinator.service.runtime import Coordinator
 from coordinator.service.timeline_view import running_drain, timeline_document
 from coordinator.settings import Settings
-from coordinator.timeline import CSP, render_html, render_svg
 
 JSON = "application/json"
 WAIT_SLACK_S = 1.0
@@ -302,6 +300,9 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     ) -> Response:
         """The drain drawn: phases as bands, a row per process (per tier past a few
         hundred), marks at its graceful signal, SIGKILL and exit, handoffs over time."""
+        # Imported here: the drawing code serves this page alone, asked for after a drain.
+        from coordinator.timeline import CSP, render_html, render_svg
+
         document = timeline_document(coordinator, drain)
         headers = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff",
                    "Content-Security-Policy": CSP}
@@ -390,6 +391,9 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     app.include_router(public)
     app.include_router(api)
     if coordinator.group is not None:
+        # Imported here: only a pod in a group serves (and documents) these routes.
+        from coordinator.service.group_routes import group_routes
+
         app.include_router(group_routes(coordinator, coordinator.group,
                                         settings.long_poll_cap_s, caller),
                            responses=GUARDED)

@@ -22,6 +22,7 @@ import signal
 import time
 import uuid
 from collections.abc import Awaitable
+from typing import TYPE_CHECKING
 
 from coordinator import startup_check
 from coordinator.drain.budget import total_budget
@@ -33,13 +34,12 @@ from coordinator.drain.ports import Killer
 from coordinator.drain.record import DrainConfig, DrainRecord
 from coordinator.engines import PROFILES
 from coordinator.errors import DrainConflict, LimitReached
-from coordinator.group.node import ControllerHost, GroupNode
+from coordinator.group.membership import membership
 from coordinator.kill import adoption, identity
 from coordinator.kill.policy import TierSpec
 from coordinator.service import drain_log, expiry, posture, reach
 from coordinator.service.auth import CHECK_EVERY_S, TokenFile
 from coordinator.service.doorbell import Doorbell
-from coordinator.service.engine_probe import EngineProbe
 from coordinator.service.fleet import WorkerFleet
 from coordinator.service.metrics import CoordinatorMetrics
 from coordinator.service.migrations import AckResult, MigrationBook
@@ -53,6 +53,10 @@ from coordinator.service.router_adapters import RouterAdapters
 from coordinator.service.status_view import StatusView
 from coordinator.service.worker_moves import WorkerMove, WorkerState, after, apply
 from coordinator.settings import Settings
+
+if TYPE_CHECKING:
+    from coordinator.group.node import ControllerHost, GroupNode
+    from coordinator.service.engine_probe import EngineProbe
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +91,14 @@ class Coordinator:
             confine_to=settings.confine_to_pid,
         )
         self.scan = ProcessScan(self.rules, on_change=self.processes_changed)
-        self.engine_probe = (
-            EngineProbe(settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
-                        on_change=self.bump)
-            if settings.engine_metrics_url else None)
+        self.engine_probe: EngineProbe | None = None
+        if settings.engine_metrics_url:
+            # Imported here: a pod without --engine-metrics-url never parses Prometheus text.
+            from coordinator.service.engine_probe import EngineProbe
+
+            self.engine_probe = EngineProbe(
+                settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
+                on_change=self.bump)
         self.routers = (
             RouterAdapters(settings.routers, settings.router_worker_url,
                            startup_check.read_router_token(settings), self.metrics,
@@ -109,8 +117,7 @@ class Coordinator:
         self.fleet = WorkerFleet(self)
         """The workers' side of a drain (the controller's ``Fleet``)."""
         budget_s = total_budget(settings.grace_period_s, settings.safety_margin_s)
-        host = ControllerHost(self.machine, self.bump)
-        self.group = GroupNode.build(settings, os.environ, budget_s, host, self.posture.token)
+        self.group, host = self._group_node(budget_s)
         """This pod's part in a group drain (docs/group.md); None in no group."""
         self.controller = DrainController(
             machine=self.machine,
@@ -130,7 +137,8 @@ class Coordinator:
             on_outcome=lambda _outcome: self.processes_changed(),
             on_finished=self._finished,
         )
-        host.controller = self.controller
+        if host is not None:
+            host.controller = self.controller
         self.token.listeners.append(self._token_changed)
 
     # --- life cycle ------------------------------------------------------------------------
@@ -190,6 +198,19 @@ class Coordinator:
             if self.token.error != error:  # a reload bumps through its listener
                 error = self.token.error
                 self.bump()
+
+    def _group_node(self, budget_s: float) -> tuple[GroupNode | None, ControllerHost | None]:
+        """This pod's group node and the host its controller is attached to once built;
+        (None, None) in no group. The group's code (the follower's link to its leader, the
+        leader's book) is imported only by a pod in a group; ``membership`` raises
+        ``GroupSettingError`` for group settings that contradict each other either way."""
+        if membership(self.settings, os.environ) is None:
+            return None, None
+        from coordinator.group.node import ControllerHost, GroupNode
+
+        host = ControllerHost(self.machine, self.bump)
+        return (GroupNode.build(self.settings, os.environ, budget_s, host, self.posture.token),
+                host)
 
     def _token_changed(self, token: str) -> None:
         if self.group is not None:

@@ -1,12 +1,16 @@
 """What ``serve`` loads before anything asks for it: no HTTP client. httpx (about 5 MB of a
 coordinator's ~60 MB) is needed only by a drain that reads an engine's metrics, by router
-adapters, and by a group's follower; each imports it when it is built or first used."""
+adapters, and by a group's follower; each imports it when it is built or first used. Nor, in a
+pod outside a group, the group's code and routes, nor the timeline's drawing code (served only
+by ``GET /status/timeline``), nor the engine's metrics probe without ``--engine-metrics-url``:
+each is CPU every pod of a rollout would pay at its start (``bench/start_cost.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -33,6 +37,53 @@ def test_the_service_starts_without_an_http_client() -> None:
                           text=True, timeout=60, check=True)
     loaded = json.loads(done.stdout)
     assert loaded == [], loaded
+
+
+BUILT = """
+import json, sys
+from coordinator.service.server import build_server
+from coordinator.settings import Settings
+build_server(Settings(**json.loads(sys.argv[1])))
+print(json.dumps(sorted(m for m in sys.modules if m.startswith((
+    "coordinator.group.", "coordinator.timeline", "coordinator.service.group_routes",
+    "coordinator.service.engine_probe", "prometheus_client.parser")))))
+"""
+DEFERRED = ["coordinator.group.follower", "coordinator.group.leader", "coordinator.group.node",
+            "coordinator.group.peer", "coordinator.service.engine_probe",
+            "coordinator.service.group_routes", "coordinator.timeline",
+            "prometheus_client.parser"]
+
+
+def built_loads(**settings: object) -> list[str]:
+    """The deferred modules a fresh interpreter holds once it built a server with
+    ``settings`` (as ``serve`` does before it listens)."""
+    done = subprocess.run([sys.executable, "-c", BUILT, json.dumps({"port": 0, **settings})],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60, check=True,
+                          env={k: v for k, v in os.environ.items()
+                               if not k.startswith(("LWS_", "SHUTDOWN_COORDINATOR_"))})
+    loaded: list[str] = json.loads(done.stdout)
+    return loaded
+
+
+def test_a_pod_outside_a_group_builds_no_group_timeline_or_probe_code() -> None:
+    """1. A fresh interpreter builds the server with the default settings (no group, no
+       engine metrics URL).
+    2. None of the group's modules beyond its settings (``membership``), nor its routes, the
+       timeline's drawing code or the engine probe, is loaded."""
+    loaded = built_loads()
+    assert not [m for m in loaded if m in DEFERRED or m.startswith("coordinator.timeline")], \
+        loaded
+
+
+def test_a_group_leader_and_a_probed_engine_load_what_they_need() -> None:
+    """The counterpart: a group's leader with an engine metrics URL loads the group's node,
+    its routes and the probe when the server is built, not on a first request."""
+    loaded = built_loads(group_size=2, group_index=0, group_url="http://127.0.0.1:8787",
+                         engine_metrics_url="http://127.0.0.1:9/metrics")
+    assert {"coordinator.group.node", "coordinator.service.group_routes",
+            "coordinator.service.engine_probe", "prometheus_client.parser"} <= set(loaded), \
+        loaded
+    assert not [m for m in loaded if m.startswith("coordinator.timeline")], loaded
 
 
 def test_serve_collects_no_garbage_until_it_listens_then_does() -> None:
