@@ -30,8 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
@@ -77,7 +75,11 @@ def sweep_stale(directory: Path) -> int:
         return 0
     for entry in entries:
         match = _AUTO_NAME.match(entry.name)
-        if match is None or psutil.pid_exists(int(match.group(1))):
+        if match is None:
+            continue
+        import psutil  # here: a start with no other coordinator's pipe beside it needs none
+
+        if psutil.pid_exists(int(match.group(1))):
             continue
         with contextlib.suppress(OSError):
             if stat.S_ISFIFO(entry.lstat().st_mode):

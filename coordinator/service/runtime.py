@@ -49,7 +49,6 @@ from coordinator.service.persistence import StateKeeper
 from coordinator.service.process_scan import ProcessScan, Roots
 from coordinator.service.registry import Worker, WorkerRegistry
 from coordinator.service.restore import RestoredState
-from coordinator.service.router_adapters import RouterAdapters
 from coordinator.service.status_view import StatusView
 from coordinator.service.worker_moves import WorkerMove, WorkerState, after, apply
 from coordinator.settings import Settings
@@ -57,6 +56,7 @@ from coordinator.settings import Settings
 if TYPE_CHECKING:
     from coordinator.group.node import ControllerHost, GroupNode
     from coordinator.service.engine_probe import EngineProbe
+    from coordinator.service.router_adapters import RouterAdapters
 
 log = logging.getLogger(__name__)
 
@@ -99,12 +99,15 @@ class Coordinator:
             self.engine_probe = EngineProbe(
                 settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
                 on_change=self.bump)
-        self.routers = (
-            RouterAdapters(settings.routers, settings.router_worker_url,
-                           startup_check.read_router_token(settings), self.metrics,
-                           on_change=self.bump)
-            if settings.routers else None)
+        self.routers: RouterAdapters | None = None
         """The routers told of a drain's start and abort through their own API."""
+        if settings.routers:
+            # Imported here: their retries (tenacity) and HTTP client serve --router alone.
+            from coordinator.service.router_adapters import RouterAdapters
+
+            self.routers = RouterAdapters(settings.routers, settings.router_worker_url,
+                                          startup_check.read_router_token(settings),
+                                          self.metrics, on_change=self.bump)
         self._loop_ready = False
         self._notify_pending = False
         self._sweeper: asyncio.Task[None] | None = None

@@ -2,7 +2,8 @@
 coordinator's ~60 MB) is needed only by a drain that reads an engine's metrics, by router
 adapters, and by a group's follower; each imports it when it is built or first used. Nor, in a
 pod outside a group, the group's code and routes, nor the timeline's drawing code (served only
-by ``GET /status/timeline``), nor the engine's metrics probe without ``--engine-metrics-url``:
+by ``GET /status/timeline``), nor the engine's metrics probe without ``--engine-metrics-url``,
+nor the router adapters (and their retry library) without ``--router``:
 each is CPU every pod of a rollout would pay at its start (``bench/start_cost.py``)."""
 
 from __future__ import annotations
@@ -46,12 +47,13 @@ from coordinator.settings import Settings
 build_server(Settings(**json.loads(sys.argv[1])))
 print(json.dumps(sorted(m for m in sys.modules if m.startswith((
     "coordinator.group.", "coordinator.timeline", "coordinator.service.group_routes",
-    "coordinator.service.engine_probe", "prometheus_client.parser")))))
+    "coordinator.service.engine_probe", "coordinator.service.router_adapters", "tenacity",
+    "prometheus_client.parser")))))
 """
 DEFERRED = ["coordinator.group.follower", "coordinator.group.leader", "coordinator.group.node",
             "coordinator.group.peer", "coordinator.service.engine_probe",
-            "coordinator.service.group_routes", "coordinator.timeline",
-            "prometheus_client.parser"]
+            "coordinator.service.group_routes", "coordinator.service.router_adapters",
+            "coordinator.timeline", "prometheus_client.parser", "tenacity"]
 
 
 def built_loads(**settings: object) -> list[str]:
@@ -65,24 +67,27 @@ def built_loads(**settings: object) -> list[str]:
     return loaded
 
 
-def test_a_pod_outside_a_group_builds_no_group_timeline_or_probe_code() -> None:
+def test_a_pod_outside_a_group_builds_no_group_timeline_probe_or_router_code() -> None:
     """1. A fresh interpreter builds the server with the default settings (no group, no
-       engine metrics URL).
+       engine metrics URL, no router).
     2. None of the group's modules beyond its settings (``membership``), nor its routes, the
-       timeline's drawing code or the engine probe, is loaded."""
+       timeline's drawing code, the engine probe or the router adapters, is loaded."""
     loaded = built_loads()
     assert not [m for m in loaded if m in DEFERRED or m.startswith("coordinator.timeline")], \
         loaded
 
 
-def test_a_group_leader_and_a_probed_engine_load_what_they_need() -> None:
-    """The counterpart: a group's leader with an engine metrics URL loads the group's node,
-    its routes and the probe when the server is built, not on a first request."""
+def test_a_group_leader_with_a_probe_and_a_router_loads_what_it_needs() -> None:
+    """The counterpart: a group's leader with an engine metrics URL and a router loads the
+    group's node, its routes, the probe and the router adapters when the server is built,
+    not on a first request."""
     loaded = built_loads(group_size=2, group_index=0, group_url="http://127.0.0.1:8787",
-                         engine_metrics_url="http://127.0.0.1:9/metrics")
+                         engine_metrics_url="http://127.0.0.1:9/metrics",
+                         routers=["smg=http://127.0.0.1:9"],
+                         router_worker_url="http://127.0.0.1:8000")
     assert {"coordinator.group.node", "coordinator.service.group_routes",
-            "coordinator.service.engine_probe", "prometheus_client.parser"} <= set(loaded), \
-        loaded
+            "coordinator.service.engine_probe", "prometheus_client.parser",
+            "coordinator.service.router_adapters", "tenacity"} <= set(loaded), loaded
     assert not [m for m in loaded if m.startswith("coordinator.timeline")], loaded
 
 
