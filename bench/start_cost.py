@@ -16,6 +16,12 @@ interpreter alone (``python -c pass`` with the same virtualenv) runs in the same
 the floor; with ``--baseline DIR`` (a checkout of another commit, with its own ``.venv``)
 that tree's coordinator takes its turn too, and the ratios are printed. Medians of
 ``--rounds``; the bytecode is compiled before the first round (as in an image).
+
+On a loaded machine CPU time swells with the load (cache and core contention) and its spread
+hides a cut of a few per cent. ``--instructions`` counts instead, with callgrind, the
+instructions of one start to ``/healthz`` and one to the API per side (``bench/start_probe.py``,
+the same ``serve`` in one process, ended at the last 200 by a thread of its own), and of
+``python -c pass``: counts that do not move with the load (to about 1 %).
 """
 
 from __future__ import annotations
@@ -117,11 +123,48 @@ def interpreter_once(python: str) -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def instructions(python: str, tree: Path, args: list[str]) -> int:
+    """Instructions callgrind counts for ``python args`` run in ``tree``."""
+    done = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", python, *args],
+        cwd=tree, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONHASHSEED": "0"})
+    if done.returncode != 0:
+        raise SystemExit(f"{python} {' '.join(args)}: exit {done.returncode}\n{done.stderr}")
+    counted = [line for line in done.stderr.splitlines() if "Collected :" in line]
+    return int(counted[-1].rsplit(":", 1)[1])
+
+
+def count_instructions(sides: list[Side], flags: list[str]) -> None:
+    """``--instructions``: one callgrind run per side and target, and the floor."""
+    probe = str(ROOT / "bench" / "start_probe.py")
+    targets = {"/healthz": HEALTHZ, "API": API}
+    floor = instructions(sys.executable, ROOT, ["-c", "pass"])
+    print("coordinator start, instructions (callgrind, one run each; load average "
+          f"{os.getloadavg()[0]:.2f})")
+    print(f"  {'python -c pass (the floor)':<40} {floor / 1e6:8.0f} M")
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for target, paths in targets.items():
+            for side in sides:
+                n = instructions(side.python, side.tree,
+                                 [probe, str(Path(tmp) / "port.json"), ",".join(paths), *flags])
+                counts[side.name, target] = n
+                print(f"  {side.name + ' to ' + target:<40} {n / 1e6:8.0f} M; "
+                      f"x{n / floor:.1f} the floor", flush=True)
+    if len(sides) == 2:
+        for target in targets:
+            ratio = counts[sides[1].name, target] / counts[sides[0].name, target]
+            print(f"  this / baseline to {target}: instructions x{ratio:.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--baseline", type=Path, default=None,
                         help="a checkout of another commit with its .venv, started in turn")
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions with callgrind instead of timing CPU")
     parser.add_argument("flags", nargs="*", help="more `serve` flags (after --)")
     args = parser.parse_args()
     sides = [Side("this tree", ROOT, sys.executable)]
@@ -130,6 +173,9 @@ def main() -> None:
         sides.insert(0, Side(f"baseline ({base.name})", base, str(base / ".venv/bin/python")))
     for side in sides:
         compileall.compile_dir(side.tree / "coordinator", quiet=1)
+    if args.instructions:
+        count_instructions(sides, args.flags)
+        return
     targets = {"/healthz": HEALTHZ, "API": API}
     runs = [(side, target) for target in targets for side in sides]
     cpu: dict[tuple[str, str], list[float]] = {(s.name, t): [] for s, t in runs}
