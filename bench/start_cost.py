@@ -31,7 +31,6 @@ import compileall
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from bench.start_probe import answers
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL_S = 0.002
@@ -54,20 +55,6 @@ class Side:
 HEALTHZ = ("/healthz",)
 API = ("/healthz", "/status?view=router", "/plan")
 """The requests a start is charged to: its liveness, or the API its callers use first."""
-
-
-def answers(port: int, path: str) -> bool:
-    """Whether ``GET path`` answers 200 (read to its end, so the server did all its work)."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=5) as sock:
-            sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                         "Connection: close\r\n\r\n".encode())
-            head = sock.recv(65536)
-            while sock.recv(65536):
-                pass
-            return head.startswith(b"HTTP/1.1 200")
-    except OSError:
-        return False
 
 
 def cpu_of(pid: int) -> tuple[float, float]:

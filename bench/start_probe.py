@@ -22,6 +22,7 @@ from pathlib import Path
 
 
 def answers(port: int, path: str) -> bool:
+    """Whether ``GET path`` answers 200 (read to its end, so the server did all its work)."""
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
