@@ -92,11 +92,13 @@ class Trace:
     out: Path
     names: dict[int, str]
     """PID → what it is: its title (``sglang::scheduler``), else its command line."""
+    threads: dict[int, int] = field(default_factory=dict)
+    """Thread id → PID of the threads those processes had once strace held them."""
 
     def record(self, timeout: float = 60) -> strace_record.Record:
         """Wait for strace to end (it does when every traced process is gone)."""
         self.proc.wait(timeout=timeout)
-        return strace_record.parse(self.out.read_text(errors="replace"))
+        return strace_record.parse(self.out.read_text(errors="replace"), self.threads)
 
 
 def trace_tree(janitor: ProcessJanitor, tmp: Path, root: int, name: str) -> Trace:
@@ -112,7 +114,8 @@ def trace_tree(janitor: ProcessJanitor, tmp: Path, root: int, name: str) -> Trac
     wait_for(lambda: log.read_text(errors="replace").count("attached") >= len(names)
              or proc.poll() is not None, timeout=60, what="strace attached")
     assert proc.poll() is None, log.read_text(errors="replace")
-    return Trace(proc=proc, out=out, names=names)
+    return Trace(proc=proc, out=out, names=names,
+                 threads=strace_record.process_threads(names))
 
 
 def _cmdline(pid: int, default: str) -> str:

@@ -1,7 +1,8 @@
 """Each process's end as the kernel told it to strace, and who sent the signals that ended it.
 
-``strace -f -tt -e trace=kill,tgkill,pidfd_send_signal,exit_group`` attached to every process
-of an engine's tree (``-p`` each, ``-f`` for what they start later) writes one line per event:
+``strace -f -tt -e trace=kill,tgkill,pidfd_send_signal,exit_group,clone,clone3`` attached to
+every process of an engine's tree (``-p`` each, ``-f`` for its threads and what it starts
+later) writes one line per event, each under the id of the thread it happened in:
 
     15327 20:15:15.621531 kill(15466, SIGKILL) = 0
     15466 20:15:15.899036 +++ killed by SIGKILL +++
@@ -14,27 +15,40 @@ sender's PID, and every signal a traced process sent (SIGKILL cannot be caught, 
 SIGKILL is read from the sender's ``kill`` call). A SIGKILL that no traced process sent came
 from outside the tree: the coordinator, or the kernel's ``PR_SET_PDEATHSIG``.
 
-Only the signal-sending syscalls and ``exit_group`` are traced, so the engine runs at its
-usual speed (a 200-token completion took 4.0 s traced and 4.3 s untraced here).
+A signal sent to a process is taken by any one of its threads that does not block it (in
+SGLang's main process, often not the main thread), and a thread may call ``kill``; so each
+event is put down to the process the thread belongs to: the threads a process had when strace
+attached (``/proc/PID/task``, passed to ``parse``), and those it started later (a ``clone``
+with ``CLONE_THREAD``). A thread's own end is not its process's end: only the main thread's
+(thread id = PID) is kept.
+
+Only the signal-sending syscalls, ``exit_group`` and ``clone`` are traced, so the engine runs
+at its usual speed (a 200-token completion took 4.0 s traced and 4.3 s untraced here).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRACED = "trace=kill,tgkill,pidfd_send_signal,exit_group"
+TRACED = "trace=kill,tgkill,pidfd_send_signal,exit_group,clone,clone3"
 
 _LINE = re.compile(r"^(?P<pid>\d+)\s+(?P<time>\d\d:\d\d:\d\d\.\d+)\s+(?P<rest>.*)$")
 _EXITED = re.compile(r"^\+\+\+ exited with (?P<code>\d+) \+\+\+$")
 _KILLED = re.compile(r"^\+\+\+ killed by (?P<sig>SIG\w+)(?: \(core dumped\))? \+\+\+$")
 _RECEIVED = re.compile(
     r"^--- (?P<sig>SIG\w+) \{.*?si_code=(?P<code>\w+)(?:, si_pid=(?P<from>\d+))?")
-_KILL_CALL = re.compile(r"^kill\((?P<target>-?\d+), (?P<sig>SIG\w+)\)\s+=\s+0")
+_KILL_CALL = re.compile(
+    r"^(?:kill\((?P<target>-?\d+)|tgkill\((?P<tgid>\d+), \d+), (?P<sig>SIG\w+)\)\s+=\s+0")
+_CLONE = re.compile(r"^clone3?\((?P<args>.*)\)\s+=\s+(?P<child>\d+)$")
+_UNFINISHED = " <unfinished ...>"
+_RESUMED = re.compile(r"^<\.\.\. \w+ resumed>(?P<tail>.*)$")
 
 
 @dataclass
@@ -81,13 +95,13 @@ class Record:
 
     ends: dict[int, ProcessEnd] = field(default_factory=dict)
     sent: dict[int, list[Sent]] = field(default_factory=dict)
-    """Sender PID → the signals it sent with ``kill``."""
+    """Sender PID → the signals its threads sent with ``kill`` or ``tgkill``."""
 
     def end(self, pid: int) -> ProcessEnd:
         return self.ends.setdefault(pid, ProcessEnd(pid))
 
     def senders_of(self, target: int, sig: str) -> list[int]:
-        """Traced processes that sent ``sig`` to ``target`` (with ``kill``)."""
+        """Traced processes that sent ``sig`` to ``target`` (with ``kill`` or ``tgkill``)."""
         return sorted(pid for pid, calls in self.sent.items()
                       if any(c.target == target and c.signal == sig for c in calls))
 
@@ -106,26 +120,67 @@ class Record:
         return "outside"
 
 
-def parse(text: str) -> Record:
-    record = Record()
+def _events(text: str) -> list[tuple[int, str, str]]:
+    """(thread id, time, event) per line, a call strace split in two (``<unfinished ...>``,
+    then ``<... NAME resumed>`` when another thread printed in between) joined again."""
+    pending: dict[int, str] = {}
+    out = []
     for line in text.splitlines():
         match = _LINE.match(line)
         if match is None:
             continue
-        pid, at, rest = int(match["pid"]), match["time"], match["rest"]
+        tid, at, rest = int(match["pid"]), match["time"], match["rest"]
+        if rest.endswith(_UNFINISHED):
+            pending[tid] = rest[: -len(_UNFINISHED)]
+            continue
+        if m := _RESUMED.match(rest):
+            rest = pending.pop(tid, "") + m["tail"]
+        out.append((tid, at, rest))
+    return out
+
+
+def parse(text: str, threads: Mapping[int, int] | None = None) -> Record:
+    """``threads``: thread id → PID of the threads the traced processes had when strace
+    attached (``process_threads``)."""
+    events = _events(text)
+    owner = dict(threads or {})
+    creator = {int(m["child"]): tid for tid, _, rest in events
+               if (m := _CLONE.match(rest)) and "CLONE_THREAD" in m["args"]}
+
+    def process_of(tid: int) -> int:
+        while tid not in owner and tid in creator:
+            tid = creator[tid]
+        return owner.get(tid, tid)
+
+    record = Record()
+    for tid, at, rest in events:
+        pid = process_of(tid)
         if m := _EXITED.match(rest):
-            end = record.end(pid)
-            end.exit_code, end.at = int(m["code"]), at
+            if tid == pid:
+                end = record.end(pid)
+                end.exit_code, end.at = int(m["code"]), at
         elif m := _KILLED.match(rest):
-            end = record.end(pid)
-            end.killed_by, end.at = m["sig"], at
+            if tid == pid:
+                end = record.end(pid)
+                end.killed_by, end.at = m["sig"], at
         elif m := _RECEIVED.match(rest):
             if m["sig"] != "SIGCHLD":
                 sender = int(m["from"]) if m["from"] else None
                 record.end(pid).received.append(Received(m["sig"], sender, at))
         elif m := _KILL_CALL.match(rest):
-            record.sent.setdefault(pid, []).append(Sent(int(m["target"]), m["sig"], at))
+            target = int(m["target"] or m["tgid"])
+            record.sent.setdefault(pid, []).append(Sent(target, m["sig"], at))
     return record
+
+
+def process_threads(pids: Iterable[int]) -> dict[int, int]:
+    """Thread id → PID, for every thread each of ``pids`` has now."""
+    owner = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{pid}/task"):
+                owner[int(task)] = pid
+    return owner
 
 
 def attach_argv(pids: Iterable[int], out: Path) -> list[str]:
