@@ -32,9 +32,11 @@ offers, and one ASGI middleware:
    their resources and exit 0), then SIGTERM to the detokenizer (and the data-parallel
    controller), which this module gives a handler that leaves its endless loop and exits 0
    (``run_detokenizer_until_sigterm``, passed to ``launch_server`` as
-   ``run_detokenizer_process_func``; ``run_dp_controller_until_sigterm`` likewise; their
-   receive waits 100 ms at a time, so a SIGTERM also ends a wait). The main process then
-   exits 0, and the resource tracker, whose pipe it held, exits 0 after it;
+   ``run_detokenizer_process_func``; ``run_dp_controller_until_sigterm`` likewise, whose
+   scheduler-holding threads end with it; their receive waits 100 ms at a time, so a
+   SIGTERM also ends a wait; each says on stderr that its exit cleanup ran, or that it was
+   forced). The main process then exits 0, and the resource tracker, whose pipe it held,
+   exits 0 after it;
 4. a pre-kill hook stands the child watchdog down before the coordinator's kill begins.
 
 What it does not change: SGLang's files, its scheduler, its SIGQUIT crash path.
@@ -43,6 +45,7 @@ What it does not change: SGLang's files, its scheduler, its SIGQUIT crash path.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import ctypes
 import errno
@@ -86,11 +89,45 @@ came (``_receive_until_stopped``)."""
 
 LEAVE_WITHIN_S = 2.0
 """After its SIGTERM, a detokenizer or DP controller still there this much later exits 0
-without waiting any longer (``os._exit``): measured twice under heavy load, one whose SIGTERM
-was received stayed 10 s, until SIGKILL (what held it was not found: a thread its
-interpreter's exit waits for, or a wait the signal did not end)."""
+without waiting any longer (``os._exit``, which skips its exit cleanup and says so on
+stderr: "forced exit", with the threads that held it): measured twice under heavy load, one
+whose SIGTERM was received stayed 10 s, until SIGKILL."""
+
+CLEAN_EXIT_LINE = "left its loop on SIGTERM; exit cleanup ran"
+"""What a detokenizer or DP controller writes to stderr as the last of its exit handlers run
+(``atexit``: after multiprocessing's own and after its threads were joined); a forced exit
+never writes it."""
 
 _stopping = threading.Event()
+_role = "child"
+"""What this process is (``sglang::detokenizer``, ``sglang::data_parallel_controller``), for
+its lines on stderr."""
+
+
+def _say(what: str) -> None:
+    sys.stderr.write(f"{_role} {os.getpid()}: {what}\n")
+    sys.stderr.flush()
+
+
+def _forced_exit() -> None:
+    held = [thread.name for thread in threading.enumerate()
+            if not thread.daemon and thread is not threading.main_thread()]
+    _say(f"forced exit {LEAVE_WITHIN_S:g} s after SIGTERM; threads still running: {held}")
+    os._exit(0)
+
+
+def _exit_cleanup_ran() -> None:
+    if _stopping.is_set():
+        _say(CLEAN_EXIT_LINE)
+
+
+def _leave_on_sigterm(role: str) -> None:
+    """In a detokenizer or DP controller, before SGLang's loop: SIGTERM leaves it (``_leave``)
+    and the exit's last handler says the cleanup ran."""
+    global _role
+    _role = role
+    signal.signal(signal.SIGTERM, _leave)
+    atexit.register(_exit_cleanup_ran)
 
 
 def _leave(signum: int, frame: Any) -> None:
@@ -100,7 +137,7 @@ def _leave(signum: int, frame: Any) -> None:
     # below when the main thread waits in zmq; and a last resort that exits 0 regardless.
     if not _stopping.is_set():
         _stopping.set()
-        last_resort = threading.Timer(LEAVE_WITHIN_S, os._exit, args=(0,))
+        last_resort = threading.Timer(LEAVE_WITHIN_S, _forced_exit)
         last_resort.daemon = True
         last_resort.start()
     raise SystemExit(0)
@@ -135,20 +172,44 @@ def run_detokenizer_until_sigterm(*args: Any, **kwargs: Any) -> None:
     """SGLang's detokenizer process, which leaves its loop and exits 0 on SIGTERM."""
     from sglang.srt.managers import detokenizer_manager
 
-    signal.signal(signal.SIGTERM, _leave)
+    _leave_on_sigterm("sglang::detokenizer")
     detokenizer_manager.sock_recv = _receive_until_stopped(detokenizer_manager.sock_recv)
     detokenizer_manager.run_detokenizer_process(*args, **kwargs)
 
 
 def run_dp_controller_until_sigterm(*args: Any, **kwargs: Any) -> None:
     """SGLang's data-parallel controller, which exits 0 on SIGTERM (its schedulers, its own
-    children, have left after ``ShutdownReq`` by then)."""
+    children, have left after ``ShutdownReq`` by then).
+
+    Each scheduler is started from a thread of its own that SGLang never lets end
+    (``launch_tensor_parallel_group_thread``: ``while True: time.sleep(30 days)``), because a
+    scheduler's ``PR_SET_PDEATHSIG`` fires when the thread that started it ends. Those threads
+    are not daemons, so the controller's exit would wait for them forever: here each waits
+    for the SIGTERM and for every scheduler to be gone instead, then ends."""
     from sglang.srt.managers import data_parallel_controller
 
-    signal.signal(signal.SIGTERM, _leave)
+    controller = data_parallel_controller.DataParallelController
+    controller.launch_tensor_parallel_group_thread = _hold_schedulers_until_stopped
+    _leave_on_sigterm("sglang::data_parallel_controller")
     data_parallel_controller.sock_recv = _receive_until_stopped(
         data_parallel_controller.sock_recv)
     data_parallel_controller.run_data_parallel_controller_process(*args, **kwargs)
+
+
+def _hold_schedulers_until_stopped(self: Any, server_args: Any, port_args: Any,
+                                   base_gpu_id: int, dp_rank: int,
+                                   ready_event: threading.Event) -> None:
+    """``DataParallelController.launch_tensor_parallel_group_thread``, ending once the
+    controller had its SIGTERM and no scheduler it started still runs (their ends are
+    watched through their sentinels: the controller's exit reaps them)."""
+    from multiprocessing.connection import wait
+
+    self.launch_tensor_parallel_group(server_args, port_args, base_gpu_id, dp_rank)
+    ready_event.set()
+    _stopping.wait()
+    for proc in self.scheduler_procs:
+        if proc is not None:
+            wait([proc.sentinel])
 
 
 # --- the main process ----------------------------------------------------------------------
@@ -179,9 +240,26 @@ def _children(names: tuple[str, ...]) -> list[psutil.Process]:
     return found
 
 
+GONE_POLL_S = 0.1
+
+
+def _running(proc: psutil.Process) -> bool:
+    """Still running: neither gone nor a zombie. The DP schedulers are the controller's
+    children, not this process's: once they exited they stay zombies until the controller
+    reaps them at its own exit, and ``psutil.wait_procs`` would wait its whole timeout."""
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 async def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    _, alive = await asyncio.to_thread(psutil.wait_procs, procs, timeout_s)
-    return list(alive)
+    deadline = time.monotonic() + timeout_s
+    alive = [proc for proc in procs if _running(proc)]
+    while alive and time.monotonic() < deadline:
+        await asyncio.sleep(GONE_POLL_S)
+        alive = [proc for proc in alive if _running(proc)]
+    return alive
 
 
 async def stop_engine(tokenizer_manager: Any) -> None:
