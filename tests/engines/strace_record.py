@@ -44,8 +44,9 @@ _EXITED = re.compile(r"^\+\+\+ exited with (?P<code>\d+) \+\+\+$")
 _KILLED = re.compile(r"^\+\+\+ killed by (?P<sig>SIG\w+)(?: \(core dumped\))? \+\+\+$")
 _RECEIVED = re.compile(
     r"^--- (?P<sig>SIG\w+) \{.*?si_code=(?P<code>\w+)(?:, si_pid=(?P<from>\d+))?")
-_KILL_CALL = re.compile(
-    r"^(?:kill\((?P<target>-?\d+)|tgkill\((?P<tgid>\d+), \d+), (?P<sig>SIG\w+)\)\s+=\s+0")
+_KILL_CALL = re.compile(r"^(?:kill\((?P<target>-?\d+)|tgkill\((?P<tgid>\d+), \d+), "
+                        r"(?P<sig>SIG\w+)\)\s+=\s+(?P<ret>0|\?)")
+_KILL_UNFINISHED = re.compile(r"^kill\((?P<target>-?\d+), (?P<sig>SIG\w+)$")
 _CLONE = re.compile(r"^clone3?\((?P<args>.*)\)\s+=\s+(?P<child>\d+)$")
 _UNFINISHED = " <unfinished ...>"
 _RESUMED = re.compile(r"^<\.\.\. \w+ resumed>(?P<tail>.*)$")
@@ -120,10 +121,11 @@ class Record:
         return "outside"
 
 
-def _events(text: str) -> list[tuple[int, str, str]]:
+def _events(text: str) -> tuple[list[tuple[int, str, str]], list[tuple[int, str, str]]]:
     """(thread id, time, event) per line, a call strace split in two (``<unfinished ...>``,
-    then ``<... NAME resumed>`` when another thread printed in between) joined again."""
-    pending: dict[int, str] = {}
+    then ``<... NAME resumed>`` when another thread printed in between) joined again; and
+    the calls never resumed (the thread died in them: ``kill(getpid(), SIGKILL)``)."""
+    pending: dict[int, tuple[str, str]] = {}
     out = []
     for line in text.splitlines():
         match = _LINE.match(line)
@@ -131,18 +133,18 @@ def _events(text: str) -> list[tuple[int, str, str]]:
             continue
         tid, at, rest = int(match["pid"]), match["time"], match["rest"]
         if rest.endswith(_UNFINISHED):
-            pending[tid] = rest[: -len(_UNFINISHED)]
+            pending[tid] = (at, rest[: -len(_UNFINISHED)])
             continue
         if m := _RESUMED.match(rest):
-            rest = pending.pop(tid, "") + m["tail"]
+            rest = pending.pop(tid, (at, ""))[1] + m["tail"]
         out.append((tid, at, rest))
-    return out
+    return out, [(tid, at, rest) for tid, (at, rest) in pending.items()]
 
 
 def parse(text: str, threads: Mapping[int, int] | None = None) -> Record:
     """``threads``: thread id → PID of the threads the traced processes had when strace
     attached (``process_threads``)."""
-    events = _events(text)
+    events, unfinished = _events(text)
     owner = dict(threads or {})
     creator = {int(m["child"]): tid for tid, _, rest in events
                if (m := _CLONE.match(rest)) and "CLONE_THREAD" in m["args"]}
@@ -153,6 +155,7 @@ def parse(text: str, threads: Mapping[int, int] | None = None) -> Record:
         return owner.get(tid, tid)
 
     record = Record()
+    died_in: list[tuple[int, Sent]] = []
     for tid, at, rest in events:
         pid = process_of(tid)
         if m := _EXITED.match(rest):
@@ -168,8 +171,19 @@ def parse(text: str, threads: Mapping[int, int] | None = None) -> Record:
                 sender = int(m["from"]) if m["from"] else None
                 record.end(pid).received.append(Received(m["sig"], sender, at))
         elif m := _KILL_CALL.match(rest):
-            target = int(m["target"] or m["tgid"])
-            record.sent.setdefault(pid, []).append(Sent(target, m["sig"], at))
+            call = Sent(int(m["target"] or m["tgid"]), m["sig"], at)
+            if m["ret"] == "?":
+                died_in.append((pid, call))
+            else:
+                record.sent.setdefault(pid, []).append(call)
+    died_in += [(process_of(tid), Sent(int(m["target"]), m["sig"], at))
+                for tid, at, rest in unfinished if (m := _KILL_UNFINISHED.match(rest))]
+    # A kill its sender died in (``= ?``, or never resumed: SGLang's kill_process_tree ends
+    # with its own process) was sent if its target then died of that signal.
+    for sender, call in died_in:
+        target_end = record.ends.get(call.target)
+        if target_end is not None and target_end.killed_by == call.signal:
+            record.sent.setdefault(sender, []).append(call)
     return record
 
 
