@@ -2,7 +2,8 @@
 adopted by the coordinator with the ``sglang`` profile, and as the drainable integration.
 
     .venv/bin/python -m bench.sglang_shutdown [--grace 30 120] [--tokens 400 2000]
-        [--modes kubelet scheduler-first adopted adopted-before drainable] [--before DIR]
+        [--modes kubelet scheduler-first adopted adopted-generic adopted-before drainable]
+        [--before DIR]
         [--keep DIR] [--json FILE]
 
 Needs ``scripts/engines.sh sglang`` and strace. Each row starts a fresh SGLang 0.5.23 (the tiny
@@ -19,7 +20,9 @@ seconds:
   kubelet's ``GET /drain`` (its preStop hook), then the kubelet's SIGTERM to the main process
   if it still runs, then SIGKILL at the end of the grace period; ``adopted-before``: the same
   with the coordinator of the checkout ``--before`` names (an earlier commit, for the
-  before → after rows);
+  before → after rows); ``adopted-generic``: the same coordinator without the profile
+  (``--engine generic``, what an adopter that knows nothing of SGLang does): the default
+  order, children before parents, deepest first, the main process last;
 - ``drainable``: ``deploy/examples/sglang/drainable_server.py`` (SGLang's own server with
   ``worker_client`` inside) registered with its coordinator, behind vllm-router beside a
   second real SGLang (one for the whole run), the continuation proxy in front of the router:
@@ -99,7 +102,7 @@ def container_code(status: int | None) -> int | None:
 
 
 def who(record: strace_record.Record, pid: int, main: int, *, kubelet: set[int],
-        coordinator_killed: set[int]) -> str:
+        coordinator_killed: set[int], coordinator: int | None = None) -> str:
     end = record.ends.get(pid)
     if end is None:
         return "not seen"
@@ -114,7 +117,9 @@ def who(record: strace_record.Record, pid: int, main: int, *, kubelet: set[int],
         by = "coordinator"
     else:
         received = [r for r in end.received if r.signal == end.killed_by]
-        by = str(received[-1].sender) if received and received[-1].sender else "outside"
+        sender = received[-1].sender if received else None
+        by = ("coordinator" if sender is not None and sender == coordinator
+              else str(sender) if sender else "outside")
     return f"{end.killed_by} ({by})"
 
 
@@ -152,8 +157,9 @@ def run_row(mode: str, grace_s: float, tokens: int, janitor: ProcessJanitor, tmp
     main = sglang.proc.pid
     trace = trace_tree(janitor, tmp, main, "pod")
     if mode.startswith("adopted"):
+        profile = "generic" if mode == "adopted-generic" else "sglang"
         coordinator = start_coordinator(
-            janitor, tmp, "--engine", "sglang", "--grace-period", f"{grace_s:g}",
+            janitor, tmp, "--engine", profile, "--grace-period", f"{grace_s:g}",
             "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(model)}",
             "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5",
             source=before if mode == "adopted-before" and before else ROOT)
@@ -188,8 +194,9 @@ def run_row(mode: str, grace_s: float, tokens: int, janitor: ProcessJanitor, tmp
     record = trace.record()
     killed = {p["pid"] for p in summary.get("processes", ()) if p.get("killed_at")}
     for pid, name in trace.names.items():
-        row.ends[role(name, main, pid)] = who(record, pid, main, kubelet=kubelet,
-                                              coordinator_killed=killed)
+        row.ends[role(name, main, pid)] = who(
+            record, pid, main, kubelet=kubelet, coordinator_killed=killed,
+            coordinator=coordinator.proc.pid if coordinator is not None else None)
     handed = [n for n in names if f"handed back request {n}." in sglang.log.read_text(
         errors="replace")]
     followed = streams[handed[0] if handed else names[0]]
