@@ -95,6 +95,10 @@ def role(name: str, main: int, pid: int) -> str:
     return name
 
 
+def port_of(sglang: Sglang) -> int:
+    return int(sglang.url.rsplit(":", 1)[1])
+
+
 def container_code(status: int | None) -> int | None:
     if status is None:
         return None
@@ -160,7 +164,10 @@ def run_row(mode: str, grace_s: float, tokens: int, janitor: ProcessJanitor, tmp
         profile = "generic" if mode == "adopted-generic" else "sglang"
         coordinator = start_coordinator(
             janitor, tmp, "--engine", profile, "--grace-period", f"{grace_s:g}",
-            "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(model)}",
+            # Its port too: the drainable rows' second SGLang runs the same model, and a
+            # coordinator that adopted it would stop it with this pod.
+            "--adopt-pattern",
+            f"sglang\\.launch_server .*{pattern_for(model)} .*--port {port_of(sglang)}(\\s|$)",
             "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5",
             source=before if mode == "adopted-before" and before else ROOT)
         wait_for(lambda: set(trace.names) <= {p["pid"] for p in coordinator.status()["processes"]},
