@@ -31,6 +31,7 @@ from tests.engines.stack import (
     ROOT,
     Coordinator,
     engine_python,
+    pattern_for,
     spawn_logged,
     start_coordinator,
     tree,
@@ -116,6 +117,55 @@ def trace_tree(janitor: ProcessJanitor, tmp: Path, root: int, name: str) -> Trac
     assert proc.poll() is None, log.read_text(errors="replace")
     return Trace(proc=proc, out=out, names=names,
                  threads=strace_record.process_threads(names))
+
+
+def adopt(janitor: ProcessJanitor, tmp: Path, model: Path, sglang: Sglang, trace: Trace,
+          grace_s: int) -> Coordinator:
+    """A coordinator with SGLang's profile, adopting this SGLang alone (its model path in the
+    pattern: other SGLangs on the machine are not its business), once it lists every traced
+    process."""
+    coordinator = start_coordinator(
+        janitor, tmp, "--engine", "sglang", "--grace-period", str(grace_s),
+        "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(model)}",
+        "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5")
+    wait_for(lambda: set(trace.names) <= {p["pid"] for p in coordinator.status()["processes"]},
+             timeout=60, what="the coordinator lists the whole SGLang tree")
+    return coordinator
+
+
+def drain(coordinator: Coordinator, tmp: Path, name: str) -> dict[str, Any]:
+    """GET /drain (the kubelet's preStop hook); its summary, also kept as ``name``.json."""
+    with coordinator.client(timeout=240) as client:
+        summary: dict[str, Any] = client.get("/drain").json()
+    (tmp / f"{name}.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def assert_sglang_stopped_itself(summary: dict[str, Any], trace: Trace,
+                                 main: int) -> tuple[strace_record.Record, list[int]]:
+    """An adopted SGLang drained with its profile, held against strace: the main process got
+    one SIGTERM, from outside its tree, and exited 0; every SIGKILL was sent by the main
+    process's own ``kill`` calls; the summary's exit codes are strace's, the coordinator
+    killed nothing, and its outcome names the engine's SIGKILL and loses nothing. Returns
+    the record and the SIGKILLed processes."""
+    record = trace.record()
+    assert record.ends[main].exit_code == 0, record.ends[main]
+    terms = [r for r in record.ends[main].received if r.signal == "SIGTERM"]
+    assert len(terms) == 1, record.ends[main]
+    assert terms[0].sender not in trace.names, record.ends[main]
+    killed = [pid for pid in trace.names if record.ends[pid].killed_by == "SIGKILL"]
+    for pid in killed:
+        assert record.senders_of(pid, "SIGKILL") == [main], (trace.names[pid], record.sent)
+    processes = {p["pid"]: p for p in summary["processes"]}
+    for pid in trace.names:
+        assert processes[pid]["exit_code"] == record.ends[pid].wait_status, processes[pid]
+        assert processes[pid]["killed_at"] is None, processes[pid]
+    assert processes[main]["tier"] == "sglang-root"
+    assert summary["outcome"] == "signalled"
+    assert summary["drain"]["lost_requests"] == 0
+    causes = " ".join(summary["drain"]["causes"])
+    assert "a SIGKILL sent by the engine itself, not by the coordinator" in causes
+    return record, killed
 
 
 def _cmdline(pid: int, default: str) -> str:

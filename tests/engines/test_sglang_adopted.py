@@ -9,22 +9,21 @@ received it (token ids, ``[DONE]``), and SGLang's own log.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.engines import strace_record
 from tests.engines.sglang_stack import (
-    Sglang,
     Trace,
+    adopt,
     completion_body,
+    drain,
     start_sglang,
     start_stream,
     trace_tree,
 )
-from tests.engines.stack import Coordinator, alive, pattern_for, start_coordinator
+from tests.engines.stack import alive, pattern_for, start_coordinator
 from tests.engines.tiny_model import prompt
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -37,26 +36,6 @@ FITS = 200
 """Tokens of a stream that ends well inside a 30 s grace period (about 2-4 s here)."""
 DOES_NOT_FIT = 8000
 """Tokens of a stream no 20 s grace period holds (over a minute here)."""
-
-
-def adopt(janitor: ProcessJanitor, tmp: Path, model: Path, sglang: Sglang, trace: Trace,
-          grace_s: int) -> Coordinator:
-    """A coordinator with SGLang's profile, adopting this SGLang alone (its model path in the
-    pattern: other SGLangs on the machine are not its business)."""
-    coordinator = start_coordinator(
-        janitor, tmp, "--engine", "sglang", "--grace-period", str(grace_s),
-        "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(model)}",
-        "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5")
-    wait_for(lambda: set(trace.names) <= {p["pid"] for p in coordinator.status()["processes"]},
-             timeout=60, what="the coordinator lists the whole SGLang tree")
-    return coordinator
-
-
-def drain(coordinator: Coordinator, tmp: Path, name: str) -> dict[str, Any]:
-    with coordinator.client(timeout=240) as client:
-        summary: dict[str, Any] = client.get("/drain").json()
-    (tmp / f"{name}.json").write_text(json.dumps(summary, indent=1))
-    return summary
 
 
 def by_title(trace: Trace, marker: str) -> int:

@@ -11,7 +11,6 @@ unless each rank is bound to its own cores (``SGLANG_CPU_OMP_THREADS_BIND``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,15 @@ from tests.engines.sglang_stack import (
     DRAINABLE,
     Sglang,
     Trace,
+    adopt,
+    assert_sglang_stopped_itself,
     completion_body,
+    drain,
     start_sglang,
     start_stream,
     trace_tree,
 )
-from tests.engines.stack import alive, pattern_for, start_coordinator
+from tests.engines.stack import alive, start_coordinator
 from tests.engines.tiny_model import prompt
 from tests.support.processes import ProcessJanitor, wait_for
 
@@ -89,44 +91,22 @@ def test_dp_adopted_the_schedulers_leave_on_shutdownreq_before_their_controller_
     main = sglang.proc.pid
     trace = trace_tree(janitor, tmp_path, main, "sglang-dp")
     found = assert_the_dp_shape(trace, main)
-    coordinator = start_coordinator(
-        janitor, tmp_path, "--engine", "sglang", "--grace-period", "60",
-        "--adopt-pattern", f"sglang\\.launch_server .*{pattern_for(tiny_model)}",
-        "--engine-metrics-url", sglang.url + "/metrics", "--scan-interval", "0.5")
-    wait_for(lambda: set(trace.names) <= {p["pid"] for p in coordinator.status()["processes"]},
-             timeout=60, what="the coordinator lists the whole SGLang tree")
+    coordinator = adopt(janitor, tmp_path, tiny_model, sglang, trace, 60)
     stream = start_stream(sglang.url + "/v1/completions",
                           completion_body(sglang.model, prompt(6), TOKENS))
     assert stream.started.wait(timeout=300)
 
-    with coordinator.client(timeout=240) as client:
-        summary: dict[str, Any] = client.get("/drain").json()
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = drain(coordinator, tmp_path, "summary")
 
     assert sglang.proc.wait(timeout=120) == 0
     assert stream.ended.wait(timeout=60)
     assert stream.whole, stream.error
     assert len(stream.tokens) == TOKENS
-    record = trace.record()
-    terms = [r for r in record.ends[main].received if r.signal == "SIGTERM"]
-    assert len(terms) == 1, record.ends[main]
-    assert terms[0].sender not in trace.names, record.ends[main]
-    killed = [pid for pid in trace.names if record.ends[pid].killed_by == "SIGKILL"]
+    record, killed = assert_sglang_stopped_itself(summary, trace, main)
     assert found["controller"][0] in killed, "SGLang 0.5.23 SIGKILLs its DP controller"
-    for pid in killed:
-        assert record.senders_of(pid, "SIGKILL") == [main], (trace.names[pid], record.sent)
     for pid in found["scheduler"]:
         end = record.ends[pid]
         assert end.killed_by == "SIGKILL" or end.exit_code == 0, (trace.names[pid], end)
-    processes = {p["pid"]: p for p in summary["processes"]}
-    for pid in trace.names:
-        assert processes[pid]["exit_code"] == record.ends[pid].wait_status, processes[pid]
-        assert processes[pid]["killed_at"] is None, processes[pid]
-    assert processes[main]["tier"] == "sglang-root"
-    assert summary["outcome"] == "signalled"
-    assert summary["drain"]["lost_requests"] == 0
-    causes = " ".join(summary["drain"]["causes"])
-    assert "a SIGKILL sent by the engine itself, not by the coordinator" in causes
     assert alive(list(trace.names)) == []
 
 
@@ -159,9 +139,7 @@ def test_dp_drainable_every_process_exits_0_and_the_stream_is_handed_back(
                           {"X-Request-Id": "dp-1"})
     assert stream.started.wait(timeout=300)
 
-    with coordinator.client(timeout=240) as client:
-        summary: dict[str, Any] = client.get("/drain").json()
-    (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
+    summary = drain(coordinator, tmp_path, "summary")
 
     assert stream.ended.wait(timeout=60)
     assert stream.handed_back is not None, stream
