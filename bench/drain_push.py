@@ -21,6 +21,7 @@ import os
 import shutil
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,37 +199,40 @@ async def client_loop(http: httpx.AsyncClient, router: str, i: int, stop: asynci
         n += 1
 
 
-async def wait_pod_empty(http: httpx.AsyncClient, pod: list[EngineHandle]) -> None:
-    """Until no engine of ``pod`` holds a request (each handed its streams back)."""
-    while True:
-        answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
-        if not any(a.json()["inflight"] for a in answers):
-            return
-        await asyncio.sleep(0.05)
-
-
 STREAMS_HELD_WITHIN_S = 120.0
 
 
-async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: int) -> None:
-    """Until the engines of ``pod`` hold ``n`` requests in flight together; a bench whose
-    one client process cannot keep ``n`` streams going at once (a loaded machine) stops
-    with what it saw instead of waiting for good."""
+async def held_by(http: httpx.AsyncClient, pod: list[EngineHandle]) -> int:
+    """Requests the engines of ``pod`` hold in flight together, as their ``/health`` says."""
+    answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
+    return sum(a.json()["inflight"] for a in answers)
+
+
+async def wait_held(http: httpx.AsyncClient, pod: list[EngineHandle], done: Callable[[int], bool],
+                    what: str) -> None:
+    """Until ``done(held)`` for the requests ``pod`` holds; a bench whose one client process
+    cannot keep its streams going (a loaded machine), or whose pod never empties, stops with
+    what it saw instead of waiting for good."""
     deadline = time.monotonic() + STREAMS_HELD_WITHIN_S
-    most = 0
-    while True:
-        answers = await asyncio.gather(*(http.get(f"{e.url}/health") for e in pod))
-        held = sum(a.json()["inflight"] for a in answers)
-        if held >= n:
-            return
-        most = max(most, held)
+    seen: list[int] = []
+    while not done(held := await held_by(http, pod)):
+        seen.append(held)
         if time.monotonic() > deadline:
             raise SystemExit(
-                f"pod A never held {n} streams at once in {STREAMS_HELD_WITHIN_S:.0f} s "
-                f"(at most {most}): "
-                f"this machine (load average {os.getloadavg()[0]:.1f}) cannot run {n} "
-                "streams from one client process; run it on a quiet machine")
+                f"{what}: not in {STREAMS_HELD_WITHIN_S:.0f} s (held {min(seen)}-{max(seen)}; "
+                f"load average {os.getloadavg()[0]:.1f}); run it on a quiet machine")
         await asyncio.sleep(0.05)
+
+
+async def wait_pod_empty(http: httpx.AsyncClient, pod: list[EngineHandle]) -> None:
+    """Until no engine of ``pod`` holds a request (each handed its streams back)."""
+    await wait_held(http, pod, lambda held: held == 0, "pod A emptied after the drain")
+
+
+async def wait_streams_on(http: httpx.AsyncClient, pod: list[EngineHandle], n: int) -> None:
+    """Until the engines of ``pod`` hold ``n`` requests in flight together."""
+    await wait_held(http, pod, lambda held: held >= n,
+                    f"pod A holding {n} streams at once from one client process")
 
 
 def push_report(results: list[PushResult], args: argparse.Namespace) -> str:
