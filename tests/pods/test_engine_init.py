@@ -55,7 +55,7 @@ def test_the_vllm_init_overlay_pod_deleted_with_a_stream_in_flight(
         vllm_init: Machine) -> None:
     """1. The overlay's pod with the real vLLM (CPU) behind ``shutdown-coordinator run``,
        Ready (the coordinator's ``/readyz`` on the pod IP).
-    2. A 300-token stream in flight; the pod deleted as the kubelet does.
+    2. A 1,500-token stream in flight; the pod deleted as the kubelet does.
     3. Every record agrees (``check_outcome``): the runtime's exit code of the engine
        container is the kernel's end of its PID 1, the coordinator.
     4. The goal: the container exits 0, nothing is SIGKILLed (by the runtime or anyone),

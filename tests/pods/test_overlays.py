@@ -56,9 +56,11 @@ pytestmark = [pytest.mark.container, pytest.mark.timeout(1500)]
 
 START_S = 900.0
 """Bound on an engine pod becoming Ready (vLLM takes minutes on a loaded 2-core machine)."""
-VLLM_TOKENS = 300
+VLLM_TOKENS = 1500
 """Tokens the vLLM stream asks for: in flight when the pod is deleted, done well within the
-coordinator's migration window and vLLM's own --shutdown-timeout of 30 s."""
+coordinator's migration window and vLLM's own --shutdown-timeout of 30 s. The tiny model makes
+about a token a millisecond on a quiet core (a few on a loaded one): a 300-token stream could
+end before a starved test thread got from its first token to the deletion."""
 
 
 def engine_venv(name: str) -> Path:
@@ -183,7 +185,7 @@ def test_a_vllm_overlay_pod_deleted_with_a_stream_in_flight(
         pods: PodFactory, process_exits: ProcessExits, tmp_path: Path, vllm: Machine,
         overlay: str, strategy: str) -> None:
     """1. The overlay's pod on podman with the real vLLM (CPU), Ready.
-    2. A 300-token stream in flight; the pod deleted as the kubelet does.
+    2. A 1,500-token stream in flight; the pod deleted as the kubelet does.
     3. Every record agrees (``check_outcome``); as shipped, the goal holds
        (``check_goal``)."""
     body = {"model": "tiny", "prompt": prompt(6), "max_tokens": VLLM_TOKENS,
