@@ -83,7 +83,7 @@ def vllm_machine(images: Images, model: Path) -> Machine:
         image=images.engine("vllm", venv),
         args=lambda args: [*without_flags(args, "--model"), "--model=/model",
                            "--served-model-name=tiny", "--load-format=dummy",
-                           "--max-model-len=512", f"--kv-cache-memory-bytes={256 * 2**20}"],
+                           "--max-model-len=2048", f"--kv-cache-memory-bytes={256 * 2**20}"],
         env={"OMP_NUM_THREADS": "1"}, read_only=mounted(venv, model))
 
 
