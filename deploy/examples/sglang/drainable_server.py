@@ -240,26 +240,38 @@ def _children(names: tuple[str, ...]) -> list[psutil.Process]:
     return found
 
 
-GONE_POLL_S = 0.1
-
-
-def _running(proc: psutil.Process) -> bool:
-    """Still running: neither gone nor a zombie. The DP schedulers are the controller's
-    children, not this process's: once they exited they stay zombies until the controller
-    reaps them at its own exit, and ``psutil.wait_procs`` would wait its whole timeout."""
-    try:
-        return proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 async def _wait_gone(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout_s
-    alive = [proc for proc in procs if _running(proc)]
-    while alive and time.monotonic() < deadline:
-        await asyncio.sleep(GONE_POLL_S)
-        alive = [proc for proc in alive if _running(proc)]
-    return alive
+    """Wait until each of ``procs`` has exited, at most ``timeout_s``; return those still
+    running. Each is watched through a pidfd, which becomes readable when the process exits,
+    zombie or reaped: the DP schedulers are the controller's children, not this process's, and
+    stay zombies until the controller reaps them at its own exit (``psutil.wait_procs`` would
+    wait its whole timeout for them)."""
+    loop = asyncio.get_running_loop()
+    exits: dict[asyncio.Future[None], tuple[psutil.Process, int]] = {}
+    try:
+        for proc in procs:
+            try:
+                fd = os.pidfd_open(proc.pid)
+            except ProcessLookupError:
+                continue  # gone and reaped
+            if not proc.is_running():  # its PID was reused before the pidfd: it is gone
+                os.close(fd)
+                continue
+            exited: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _settle, exited)
+            exits[exited] = (proc, fd)
+        if exits:
+            await asyncio.wait(exits, timeout=timeout_s)
+        return [proc for exited, (proc, _) in exits.items() if not exited.done()]
+    finally:
+        for _, fd in exits.values():
+            loop.remove_reader(fd)
+            os.close(fd)
 
 
 async def stop_engine(tokenizer_manager: Any) -> None:
