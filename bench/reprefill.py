@@ -4,11 +4,11 @@ CPU, against a fresh request in the same run.
 
     ENGINES_DIR=/work/engines .venv/bin/python -m bench.reprefill [--engines vllm sglang]
         [--lengths 0 256 1024 2048 4096] [--repeats 7] [--prompt-tokens 32]
-        [--decode-tokens 64] [--json FILE] [--keep DIR]
+        [--decode-tokens 64] [--layers N --hidden H] [--json FILE] [--keep DIR]
 
 Each engine is started once (one at a time) with the tiny Llama (dummy weights), its prefix
 cache as the engine ships it (on, for both: read back from its log), room for the longest
-context. Then:
+context (``--layers``/``--hidden`` make it deeper and wider, the rest as it is). Then:
 
 1. One prompt per repeat, and one more to warm up, each with a word of its own first, so no
    two share a cached block. Each is streamed once through the continuation proxy's own first
@@ -74,6 +74,8 @@ HIT_COUNTERS = {"vllm": "vllm:prefix_cache_hits", "sglang": "sglang:cached_token
 PREFIX_CACHE_LOG = {"vllm": r"\benable_prefix_caching'?\s*[=:]\s*(\w+)",
                     "sglang": r"\bdisable_radix_cache'?\s*[=:]\s*(\w+)"}
 """Where each engine's log says whether its prefix cache is on (SGLang's says if it is off)."""
+HEAD_DIM = 32
+"""The tiny model's (vLLM's CPU attention needs at least 32)."""
 
 
 # -- pure parts ----------------------------------------------------------------------------
@@ -203,6 +205,27 @@ def markdown(rows: Sequence[Row]) -> str:
             f"| {r.vs_fresh:.2f} | {r.decode_tokens:.1f} | {r.added_ms:+.1f} "
             f"| {r.exact}/{r.n} | {r.hits:g} |")
     return "\n".join(lines)
+
+
+def write_model(directory: Path, layers: int | None, hidden: int | None) -> Path:
+    """The tiny Llama, made deeper or wider when asked (its vocabulary and dummy weights as
+    they are: the prefill's cost per token grows with the layers and the width)."""
+    write_tiny_model(directory)
+    if layers is None and hidden is None:
+        return directory
+    config = json.loads((directory / "config.json").read_text())
+    width = hidden or config["hidden_size"]
+    config.update(num_hidden_layers=layers or config["num_hidden_layers"], hidden_size=width,
+                  intermediate_size=2 * width, num_attention_heads=width // HEAD_DIM,
+                  num_key_value_heads=width // HEAD_DIM, head_dim=HEAD_DIM)
+    (directory / "config.json").write_text(json.dumps(config, indent=1))
+    return directory
+
+
+def describe(model: Path) -> str:
+    config = json.loads((model / "config.json").read_text())
+    return (f"the tiny Llama: {config['num_hidden_layers']} layer(s), hidden "
+            f"{config['hidden_size']}, dummy weights")
 
 
 # -- the engines ---------------------------------------------------------------------------
@@ -377,7 +400,8 @@ def run_engine(name: str, args: argparse.Namespace, tmp: Path, model: Path) -> d
                 for r, slot in rounds(slots, args.repeats):
                     samples.append(measure(http, engine, *request(r, slot), slot, r))
         rows = table_rows(samples, args.decode_tokens)
-        return {"engine": name, "prefix_cache": engine.prefix_cache(), "control_hits": control,
+        return {"engine": name, "model": describe(model), "prefix_cache": engine.prefix_cache(),
+                "control_hits": control,
                 "by_ids": all(s.by_ids for s in samples if s.length > 0),
                 "decode_ms": decode_s(samples, args.decode_tokens) * 1e3,
                 "load": load.describe(), "loads": load.values,
@@ -390,7 +414,7 @@ def report(result: dict[str, Any]) -> str:
     rows = [Row(**r) for r in result["rows"]]
     by = "token ids" if result["by_ids"] else "text"
     return "\n".join([
-        f"### {result['engine']}",
+        f"### {result['engine']}, {result['model']}",
         "",
         f"prefix cache: {result['prefix_cache']} (the engine's default), emptied before each "
         f"request (the same request sent twice hit {result['control_hits']:g} tokens); "
@@ -412,12 +436,19 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--decode-tokens", type=int, default=64,
                         help="tokens the decode request generates after its first")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="a model this deep instead of the tiny one's single layer")
+    parser.add_argument("--hidden", type=int, default=None,
+                        help="a model this wide instead of the tiny one's 64 (heads of 32)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     parser.add_argument("--keep", type=Path, default=None,
                         help="keep the engines' logs under this directory")
     args = parser.parse_args()
     if min(args.lengths) < 0 or min(args.repeats, args.decode_tokens, args.prompt_tokens) < 1:
         parser.error("lengths >= 0; repeats, decode-tokens, prompt-tokens >= 1")
+    if (args.layers is not None and args.layers < 1) or (
+            args.hidden is not None and (args.hidden < HEAD_DIM or args.hidden % HEAD_DIM)):
+        parser.error(f"--layers >= 1; --hidden a multiple of {HEAD_DIM}")
     results = []
     with contextlib.ExitStack() as stack:
         if args.keep is None:
@@ -425,7 +456,7 @@ def main() -> None:
         else:
             tmp = args.keep
             tmp.mkdir(parents=True, exist_ok=True)
-        model = write_tiny_model(tmp / "model")
+        model = write_model(tmp / "model", args.layers, args.hidden)
         for name in args.engines:
             results.append(run_engine(name, args, tmp, model))
             print(report(results[-1]), "\n", flush=True)
