@@ -14,12 +14,14 @@ context (``--layers``/``--hidden`` make it deeper and wider, the rest as it is).
    two share a cached block. Each is streamed once through the continuation proxy's own first
    body (``first_body``: greedy, ``return_token_ids``) for max(lengths) + 1 tokens: the chunks
    the engine really sent.
-2. For each length L: the first L tokens' chunks go through the proxy's ``Stitcher`` as a
-   stream cut after L tokens of an original request for L + 1, and ``continuation_body``
-   makes the request the proxy sends to continue it (for the one token left): the prompt's
-   token ids and the L streamed where the engine gave both, else text. L = 0 is the original
-   request itself: the fresh request, the baseline. One more request per round, the fresh
-   request for 1 + ``--decode-tokens`` tokens, gives the engine's decode time per token.
+2. For each length L: the chunks up to the first boundary at or after L tokens (a stream
+   breaks between chunks; the context column says where) go through the proxy's
+   ``Stitcher`` as a stream cut there, of an original request for one token more, and
+   ``continuation_body`` makes the request the proxy sends to continue it (for the one token
+   left): the prompt's token ids and those streamed where the engine gave both, else text.
+   L = 0 is the original request itself: the fresh request, the baseline. One more request
+   per round, the fresh request for 1 + ``--decode-tokens`` tokens, gives the engine's
+   decode time per token.
 3. Every request once with the warm-up prompt (not counted), then ``--repeats`` rounds, each
    going through the requests in an order rotated by one from the round before, so the
    machine's drift falls on every length alike. Before each request the engine's prefix cache
@@ -103,6 +105,20 @@ def cut_after(first: dict[str, Any], chunks: Sequence[dict[str, Any]],
         raise ValueError(f"the stream has no cut after {tokens} tokens ({stitcher.sent})")
     stitcher.end_attempt(None)
     return continuation_body(COMPLETIONS, first, stitcher.streamed())
+
+
+def boundary(chunks: Sequence[dict[str, Any]], tokens: int) -> int:
+    """The first chunk boundary at or after ``tokens`` tokens: a stream breaks between chunks,
+    and an engine that falls behind its client sends several tokens in one (vLLM merges the
+    outputs a slow reader has not taken yet)."""
+    seen = 0
+    for chunk in chunks:
+        if seen >= tokens:
+            return seen
+        seen += len(chunk_ids([chunk]))
+    if seen >= tokens:
+        return seen
+    raise ValueError(f"the stream has {seen} < {tokens} tokens")
 
 
 def chunk_ids(chunks: Sequence[dict[str, Any]]) -> list[int]:
@@ -386,9 +402,10 @@ def run_engine(name: str, args: argparse.Namespace, tmp: Path, model: Path) -> d
                     return first_body(COMPLETIONS, {
                         **originals[r], "max_tokens": 1 + args.decode_tokens},
                         ask_token_ids=True), ids[:1 + args.decode_tokens]
-                first = first_body(COMPLETIONS, {**originals[r], "max_tokens": slot + 1},
+                cut = boundary(whole[r].chunks, slot)
+                first = first_body(COMPLETIONS, {**originals[r], "max_tokens": cut + 1},
                                    ask_token_ids=True)
-                return cut_after(first, whole[r].chunks, slot), ids[slot:slot + 1]
+                return cut_after(first, whole[r].chunks, cut), ids[cut:cut + 1]
 
             # 3. Warm-up (the last prompt), then the measured rounds.
             slots = [*lengths, DECODE]

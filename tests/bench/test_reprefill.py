@@ -12,6 +12,7 @@ import pytest
 from bench.reprefill import (
     DECODE,
     Sample,
+    boundary,
     counter,
     cut_after,
     decode_s,
@@ -129,3 +130,12 @@ def test_a_larger_model_keeps_the_tiny_ones_head_size_and_vocabulary(tmp_path: P
     assert config["head_dim"] == tiny["head_dim"]
     assert config["vocab_size"] == tiny["vocab_size"]
     assert describe(model) == "the tiny Llama: 4 layer(s), hidden 256, dummy weights"
+
+
+def test_a_stream_is_cut_at_the_first_chunk_boundary_at_or_after_the_length() -> None:
+    merged = [chunk(" fox", [10], prompt_ids=[1, 2, 3]), chunk(" dog over lazy", [11, 12, 13]),
+              chunk(" the", [14])]
+    assert [boundary(merged, n) for n in (0, 1, 2, 4, 5)] == [0, 1, 4, 4, 5]
+    with pytest.raises(ValueError, match="5 < 6 tokens"):
+        boundary(merged, 6)
+    assert cut_after(first(5), merged, 4)["prompt"] == [1, 2, 3, 10, 11, 12, 13]
