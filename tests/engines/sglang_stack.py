@@ -69,14 +69,16 @@ class Sglang:
 def start_sglang(
     janitor: ProcessJanitor, tmp: Path, model_dir: Path, *, argv: Sequence[str] = LAUNCH_SERVER,
     flags: Sequence[str] = (), env: dict[str, str] | None = None, port: int | None = None,
+    engine_flags: Sequence[str] = ENGINE_FLAGS,
 ) -> Sglang:
     """Start SGLang (``python -m sglang.launch_server`` unless ``argv`` names another entry
     point taking the same flags) on ``port`` (a free one by default) and wait until
-    ``/health`` answers 200."""
+    ``/health`` answers 200. ``engine_flags`` replace ``ENGINE_FLAGS`` (a bench that needs
+    SGLang's radix cache, on by default, leaves out ``--disable-radix-cache``)."""
     python = engine_python("sglang")
     port = port or free_port()
     log = tmp / f"sglang-{port}.log"
-    argv_all = [str(python), *argv, "--model-path", str(model_dir), *ENGINE_FLAGS,
+    argv_all = [str(python), *argv, "--model-path", str(model_dir), *engine_flags,
                 "--host", "127.0.0.1", "--port", str(port), *flags]
     environment = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
     proc = spawn_logged(janitor, argv_all, log, env=environment)
