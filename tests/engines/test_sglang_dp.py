@@ -113,7 +113,7 @@ def test_dp_adopted_the_schedulers_leave_on_shutdownreq_before_their_controller_
 def test_dp_drainable_every_process_exits_0_and_the_stream_is_handed_back(
     janitor: ProcessJanitor, tmp_path: Path, tiny_model: Path
 ) -> None:
-    """1. the drainable server with ``--dp-size 2``, registered with its coordinator (60 s
+    """1. the drainable server with ``--dp-size 2``, registered with its coordinator (90 s
     grace period), strace on every process; a 2000-token stream in flight on it;
     2. GET /drain: the server hands the stream back mid-way (the client's stream ends with the
     ``handed_back`` event, its log says so), then stops its engine in order: ``ShutdownReq``
@@ -126,7 +126,11 @@ def test_dp_drainable_every_process_exits_0_and_the_stream_is_handed_back(
     4. the summary: nothing of the tree is a cause; the one request lost is the handed-back
     stream, which nobody acknowledged (no router here re-issues it: continuing it on a second
     SGLang is ``test_sglang_drainable.py``'s), and nothing was cut."""
-    coordinator = start_coordinator(janitor, tmp_path, "--grace-period", "60")
+    # No router acknowledges the handed-back stream, so its wait takes the whole migration
+    # share: the termination share left (0.4 of the budget) must hold the engine's ordered
+    # stop and its interpreter's teardown, 20+ s on a loaded 2-core machine (at 60 s the
+    # main process was SIGKILLed 4 s into its teardown).
+    coordinator = start_coordinator(janitor, tmp_path, "--grace-period", "90")
     sglang = start_dp(janitor, tmp_path, tiny_model, argv=DRAINABLE,
                       flags=["--coordinator", coordinator.url])
     main = sglang.proc.pid
