@@ -106,6 +106,11 @@ class EngineProbe:
         return self.reading.error is not None or not self.reading.count
 
     @property
+    def has_read(self) -> bool:
+        """A read succeeded since the drain started: ``last_count`` is the engine's."""
+        return self._read_once and self.last_count is not None
+
+    @property
     def cut(self) -> int:
         """Requests the engine counted in flight at its last answer (step 1): once its
         processes are gone, what the kill cut."""
