@@ -87,6 +87,8 @@ class StreamEnder:
     """Its JSON body."""
     needs: str = ""
     """What the engine must be started with for the call to exist."""
+    answer_count: str | None = None
+    """The field of its JSON answer that counts the requests it ended, if it has one."""
 
 
 
@@ -139,13 +141,15 @@ PROFILES: dict[str, EngineProfile] = {
         # rl/online/api_router.py:91-138: POST /abort_requests with no ids aborts every
         # request the API server tracks (engine.abort(..., internal=True)); each one's
         # final output has finish_reason "abort" (v1/engine/output_processor.py:552-),
-        # streamed as a last chunk and `data: [DONE]`. Mounted only with
+        # streamed as a last chunk and `data: [DONE]`; it answers {"status": "aborted",
+        # "aborted": N}, N the requests it ended. Mounted only with
         # VLLM_SERVER_DEV_MODE=1 (launchers/api_server/routers.py:40-47), which also mounts
         # the other development routes (sleep, collective_rpc, ...): keep the engine's port
         # off every network but the router's.
         api_url="http://127.0.0.1:8000",
         ender=StreamEnder(path="/abort_requests", body="{}",
-                          needs="VLLM_SERVER_DEV_MODE=1 in its environment"),
+                          needs="VLLM_SERVER_DEV_MODE=1 in its environment",
+                          answer_count="aborted"),
         note="keep --disable-log-stats off (the in-flight gauges need it); set "
              "--shutdown-timeout (e.g. 30) so its API server, signalled first, stops its "
              "engine itself and the preStop hook returns before it",

@@ -155,6 +155,15 @@ class EngineProbe:
                     self._on_change()
                 await asyncio.sleep(INTERVAL_S)
 
+    async def read_now(self) -> int | None:
+        """One read outside the loop (the count right before an engine's requests are
+        ended, ``coordinator.service.stream_ender``); None when it fails."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=TIMEOUT_S, verify=verify_for(self.url)) as http:
+            count, _ = await self._read(http)
+        return count
+
     async def _read(self, http: httpx.AsyncClient) -> tuple[int | None, str | None]:
         import httpx
 

@@ -5,9 +5,10 @@ docstring there has the states and why):
 
     1. started with the drain (``drain_started``), it waits for the migrating phase (the
        minimum drain is over) and for every router adapter to have settled its removal;
-    2. reads the engine's in-flight count from the engine probe (its first read, at least),
+    2. reads the engine's in-flight count once more (the routers send it nothing new now),
        then ``POST``s the profile's call to ``--engine-url`` (one attempt, ``CALL_TIMEOUT_S``,
-       never past the migration deadline): a 2xx means the engine ended its streams;
+       never past the migration deadline): a 2xx means the engine ended its streams; an
+       engine whose answer counts what it ended (vLLM's ``aborted``) raises the count to it;
     3. keeps the window for the proxy's acknowledgements (``acknowledge``, from ``POST
        /migrations/ack`` ``continued``) open until all are in or the window's time is over;
     4. every change bumps ``/status`` (``stream_ending``), which the proxy long-polls.
@@ -36,8 +37,8 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 5.0
 """The engine's answer to its abort call at most: both engines answer once the abort is
 dispatched, in milliseconds."""
-UNSETTLED_ROUTERS = frozenset({"idle", "removing"})
-"""Router states that may still take the pod out."""
+SETTLED_ROUTERS = frozenset({"removed", "failed", "watching"})
+"""States of a router whose removal is over (``coordinator.service.router_adapters``)."""
 
 
 class StreamEnderTask:
@@ -90,7 +91,8 @@ class StreamEnderTask:
 
     def _routers_settled(self) -> bool:
         routers = self.coordinator.routers
-        return routers is None or all(s.state not in UNSETTLED_ROUTERS for s in routers.states)
+        return routers is None or all(s.action == "remove" and s.state in SETTLED_ROUTERS
+                                      for s in routers.states)
 
     async def _run(self, ending: StreamEnding) -> None:
         c = self.coordinator
@@ -114,15 +116,19 @@ class StreamEnderTask:
                 log.warning("streams not ended: a router did not take the pod out (%s); they "
                             "are waited for", "; ".join(kept))
                 return
-            # 2. the engine's count, then its call.
+            # 2. the engine's count (read now: the routers send it nothing new), its call.
             probe = c.engine_probe
             if probe is None or not await self._wait(lambda: probe.has_read, deadline_at):
                 ending.routers_out(None, time.time())
                 return
-            if not ending.routers_out(probe.last_count, time.time()):
+            count = await probe.read_now()
+            if not ending.routers_out(probe.last_count if count is None else count,
+                                      time.time()):
                 return
             c.bump()
-            ok, note = await self._call(deadline_at)
+            ok, note, told = await self._call(deadline_at)
+            if told is not None and told > (ending.count or 0):
+                ending.count = told  # what arrived between the read and the call
             ending.answered(ok, note, time.time(), deadline_at)
             c.metrics.streams_ended.labels("ended" if ok else "failed").inc(
                 (ending.count or 0) if ok else 1)
@@ -146,7 +152,8 @@ class StreamEnderTask:
                                 deadline_at)
             c.bump()
 
-    async def _call(self, deadline_at: float) -> tuple[bool, str]:
+    async def _call(self, deadline_at: float) -> tuple[bool, str, int | None]:
+        """(ended, what the engine answered, how many it says it ended when it says)."""
         import httpx
 
         timeout = max(0.1, min(CALL_TIMEOUT_S, deadline_at - time.time()))
@@ -155,9 +162,18 @@ class StreamEnderTask:
                 response = await http.post(self.url, content=self.ender.body,
                                            headers={"Content-Type": "application/json"})
         except httpx.HTTPError as exc:
-            return False, f"not reachable ({type(exc).__name__}: {exc})"
+            return False, f"not reachable ({type(exc).__name__}: {exc})", None
         text = f"POST {self.ender.path} answered {response.status_code}"
         if not response.is_success:
             needs = f"; the call needs {self.ender.needs}" if self.ender.needs else ""
-            return False, f"{text}: {response.text[:200]}{needs}"
-        return True, text
+            return False, f"{text}: {response.text[:200]}{needs}", None
+        told = None
+        if self.ender.answer_count is not None:
+            try:
+                value = response.json().get(self.ender.answer_count)
+            except (ValueError, AttributeError):
+                value = None
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                told = value
+                text += f" ({self.ender.answer_count} {value})"
+        return True, text, told
