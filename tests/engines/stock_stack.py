@@ -47,7 +47,7 @@ def sglang(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server
 
 def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
     (tmp / name).mkdir(exist_ok=True)
-    server = start_vllm(janitor, tmp / name, model, max_model_len=2048,
+    server = start_vllm(janitor, tmp / name, model, max_model_len=4096,
                         flags=["--enable-log-requests"],
                         extra_env={"VLLM_SERVER_DEV_MODE": "1"})
     port = server.url.rpartition(":")[2]
@@ -55,20 +55,30 @@ def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
                   rf"vllm\.entrypoints\.openai\.api_server .*--port {port}(\s|$)")
 
 
+VLLM_SUFFIX = re.compile(r"-0-[0-9a-f]+$")
+"""What vLLM's engine adds to the API server's request id (``cmpl-ID-0-abcd1234``)."""
+
 STARTERS: dict[str, Callable[[ProcessJanitor, Path, Path, str], Server]] = {
     "sglang": sglang, "vllm": vllm}
 
 
 def finished(engine: str, server: Server) -> list[str]:
     """How each request the engine logged ended, by its own log: SGLang's ``Finish:`` lines
-    (``--log-requests``) by their finish reason's type; vLLM's ``Added request`` lines by
-    request id, each marked ``abort`` when an ``Aborted request(s)`` line names it
-    (``--enable-log-requests``; the line is logged with no id when nothing was aborted)."""
+    (``--log-requests``) by their finish reason's type, its health checks' left out; vLLM's
+    ``Added request`` lines by request id, each marked ``abort`` when an ``Aborted
+    request(s)`` line names it (``--enable-log-requests``; the line is logged with no id
+    when nothing was aborted)."""
     text = server.log.read_text(errors="replace")
     if engine == "sglang":
-        return [m.group(1) for m in re.finditer(
-            r"Finish: .*?'finish_reason': \{'type': '(\w+)'", text)]
-    aborted = {i for m in re.finditer(r"Aborted request\(s\) (.*)\.$", text, re.M)
-               for i in m.group(1).split(",") if i}
+        # Its /health runs a generation of its own (rid HEALTH_CHECK_..., the router's
+        # health checks and ours): not a request anyone sent.
+        return [m.group(2) for m in re.finditer(
+            r"Finish: obj=GenerateReqInput\(rid='([^']*)'.*?'finish_reason': \{'type': '(\w+)'",
+            text) if not m.group(1).startswith("HEALTH_CHECK")]
+    # Both lines name a request by its engine id: the API server's id, "-0-" (the choice)
+    # and a random suffix of its own.
+    aborted = {VLLM_SUFFIX.sub("", i.strip())
+               for m in re.finditer(r"Aborted request\(s\) (.*)\.$", text, re.M)
+               for i in m.group(1).split(",") if i.strip()}
     added = re.findall(r"Added request (cmpl-\S+?)(?:-0-[0-9a-f]+)?\.$", text, re.M)
     return [f"{i} abort" if i in aborted else i for i in added]
