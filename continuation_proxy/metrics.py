@@ -13,9 +13,14 @@ _COUNTERS = (
     ("continuations", "Upstream attempts that continued a stream."),
     ("handed_back", "Upstream attempts that ended with the handed-back event."),
     ("broken", "Upstream streams that broke after they started (no [DONE])."),
+    ("ended", "Upstream streams a draining pod's engine aborted while its coordinator ended "
+              "streams (--end-streams)."),
     ("upstream_retries", "Refused upstream attempts tried again."),
     ("tokens", "Tokens sent to clients."),
     ("acked", "Handoffs a coordinator took (acknowledged, or remembered early)."),
+    ("ended_acked", "Streams ended by a drain and taken over, counted continued by it."),
+    ("ended_ambiguous", "Streams ended and taken over while several drains ended streams: "
+                        "acknowledged to none."),
 )
 
 

@@ -70,6 +70,25 @@ class EngineProfile:
     engine_env: tuple[tuple[str, str], ...] = ()
     """Environment ``run`` gives the engine it starts, each only where the operator left it
     unset: the engine's own shutdown waits its defaults make too short to stop cleanly."""
+    api_url: str | None = None
+    """Default ``--engine-url``: the engine's own API at its default port."""
+    ender: StreamEnder | None = None
+    """How ``--end-streams`` ends its in-flight requests (None: it cannot be asked to)."""
+
+
+@dataclass(frozen=True)
+class StreamEnder:
+    """The engine's own call that ends every request it has in flight at once, each stream
+    then ending as the engine ends an aborted one (``coordinator.drain.ending``)."""
+
+    path: str
+    """``POST`` to this path of ``--engine-url``."""
+    body: str
+    """Its JSON body."""
+    needs: str = ""
+    """What the engine must be started with for the call to exist."""
+    answer_count: str | None = None
+    """The field of its JSON answer that counts the requests it ended, if it has one."""
 
 
 
@@ -119,6 +138,18 @@ PROFILES: dict[str, EngineProfile] = {
             TierSpec(name="workers", pattern=r"VLLM::Worker", timeout_s=10.0)),
         metrics_url="http://127.0.0.1:8000/metrics",
         inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+        # rl/online/api_router.py:91-138: POST /abort_requests with no ids aborts every
+        # request the API server tracks (engine.abort(..., internal=True)); each one's
+        # final output has finish_reason "abort" (v1/engine/output_processor.py:552-),
+        # streamed as a last chunk and `data: [DONE]`; it answers {"status": "aborted",
+        # "aborted": N}, N the requests it ended. Mounted only with
+        # VLLM_SERVER_DEV_MODE=1 (launchers/api_server/routers.py:40-47), which also mounts
+        # the other development routes (sleep, collective_rpc, ...): keep the engine's port
+        # off every network but the router's.
+        api_url="http://127.0.0.1:8000",
+        ender=StreamEnder(path="/abort_requests", body="{}",
+                          needs="VLLM_SERVER_DEV_MODE=1 in its environment",
+                          answer_count="aborted"),
         note="keep --disable-log-stats off (the in-flight gauges need it); set "
              "--shutdown-timeout (e.g. 30) so its API server, signalled first, stops its "
              "engine itself and the preStop hook returns before it",
@@ -166,6 +197,13 @@ PROFILES: dict[str, EngineProfile] = {
              "no bound, the coordinator's budget is the bound: give it a grace period that "
              "fits the longest request plus about 15 s for its exit (docs/deploy.md)",
         main_exit_s=15.0,
+        # http_server.py:1721-1731: POST /abort_request {"abort_all": true} sends one
+        # AbortReq to the scheduler (tokenizer_manager.py:2241-2265), which ends every
+        # waiting and running request (scheduler.py:5675-); a streamed completion then ends
+        # with a chunk whose finish_reason is "abort" and `data: [DONE]`
+        # (openai/serving_completions.py:356-380, 504), as any graceful abort does.
+        api_url="http://127.0.0.1:30000",
+        ender=StreamEnder(path="/abort_request", body='{"abort_all": true}'),
         engine_kills="SGLang 0.5.23 SIGKILLs its detokenizer and the multiprocessing "
                      "resource_tracker at every shutdown (kill_process_tree in its "
                      "sigterm_watchdog), so no drain of it is graceful; the drainable "

@@ -141,6 +141,20 @@ class Settings(BaseModel):
         default_factory=lambda: list(DEFAULT_INFLIGHT_METRICS))
     """The gauges whose sum is the engine's in-flight requests. Default: vLLM's and SGLang's
     running and waiting requests (an engine exports only its own)."""
+    end_streams: bool = False
+    """A layer that continues a stream which ends early sits in front of this engine (the
+    continuation proxy, watching this coordinator; or a router that does the same): once the
+    routers took the pod out, the drain ends the engine's in-flight requests at once through
+    its own API (the profile's, ``coordinator.engines``: SGLang ``POST /abort_request``,
+    vLLM ``POST /abort_requests``) instead of waiting for them, and the proxy continues
+    each one on another pod (``coordinator.drain.ending``). Only the streams the proxy
+    acknowledges taking over count as handed to it; the rest are counted cut. Off by
+    default: without such a layer in front, every stream ended would be cut. Needs an
+    engine whose profile knows the call, and its in-flight gauges
+    (``engine_metrics_url``)."""
+    engine_url: str | None = Field(None, max_length=2048)
+    """The engine's own API, for ``end_streams`` (``http://127.0.0.1:30000`` for SGLang).
+    Unset: the profile's default port on loopback."""
     routers: list[RouterSpec] = Field(default_factory=list)
     """Routers in front of this pod's engine, ``KIND=URL`` each (``smg``, ``vllm-router``,
     ``reference``; see ``coordinator.router_settings``): at a drain's first millisecond each
@@ -281,6 +295,11 @@ class Settings(BaseModel):
             raise ValueError(f"{value!r} holds a control character or whitespace (CR, LF, ...)")
         return value
 
+    @field_validator("engine_url")
+    @classmethod
+    def _engine_url(cls, value: str | None) -> str | None:
+        return http_url(value) if value is not None else None
+
     @field_validator("group_leader", "group_url")
     @classmethod
     def _group_url(cls, value: str | None) -> str | None:
@@ -339,6 +358,15 @@ class Settings(BaseModel):
             self.engine_metrics_url = profile.metrics_url
         if "engine_inflight_metrics" not in given and profile.inflight_metrics:
             self.engine_inflight_metrics = list(profile.inflight_metrics)
+        if "engine_url" not in given and profile.api_url:
+            self.engine_url = profile.api_url
+        if self.end_streams:
+            if profile.ender is None:
+                raise ValueError(f"end_streams: the {profile.name} profile knows no call that "
+                                 "ends the engine's requests (sglang and vllm do: --engine)")
+            if not self.engine_url or not self.engine_metrics_url:
+                raise ValueError("end_streams needs the engine's API (engine_url) and its "
+                                 "in-flight gauges (engine_metrics_url)")
         return self
 
     @model_validator(mode="after")

@@ -70,6 +70,8 @@ async def _log_end(events: AsyncIterator[Token | HandedBack], log: RequestLog,
                 how = "handed_back"
             else:
                 tokens += 1
+                if event.aborted:
+                    how = "aborted"
             yield event
         how = "done" if how == "cut" else how
     finally:

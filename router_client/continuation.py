@@ -80,12 +80,21 @@ class ContinuationStats:
     """Upstream attempts that ended with the handed-back event."""
     broken: int = 0
     """Upstream streams that broke (connection lost, no ``[DONE]``) after they started."""
+    ended: int = 0
+    """Upstream streams a draining pod's engine aborted (``finish_reason: "abort"`` while
+    a watched coordinator ended its streams, ``--end-streams``)."""
     upstream_retries: int = 0
     """Refused upstream attempts tried again."""
     tokens: int = 0
     """Tokens sent to clients."""
     acked: int = 0
     """Handoffs a coordinator took (acknowledged, or remembered early)."""
+    ended_acked: int = 0
+    """Ended (or broken) streams taken over that the drain which ended them counted as
+    continued."""
+    ended_ambiguous: int = 0
+    """Ended streams taken over but acknowledged to no drain: several had their window
+    open at once."""
     refused: Counter[str] = field(default_factory=Counter)
     """Streams not migrated, by ``Refusal``."""
     failed: Counter[str] = field(default_factory=Counter)
@@ -109,7 +118,8 @@ class ContinuingClient:
         self._session = session
         """The upstream's session (``upstream.new_session`` when none is given), made at
         the first request: aiohttp binds a session to the running event loop."""
-        self.acks = HandoffAcks(coordinators, token=token, on_taken=self._taken)
+        self.acks = HandoffAcks(coordinators, token=token, on_taken=self._taken,
+                                on_continued=self._continued)
         self._own_session = session is None
         self._retry = retry or RetryPolicy()
         self._opened: Upstream | None = None
@@ -189,6 +199,8 @@ class ContinuingClient:
                             use_token_ids=wants_exact(path, body))
         ids = (f"{request_id}.{n}" for n in itertools.count())
         attempt_body = first
+        ended_early: str | None = None
+        """The id of the attempt that broke or was ended, until its continuation is taken."""
         for continuation in itertools.count():
             try:
                 attempt = await self._upstream.open(path, attempt_body, sent, ids)
@@ -202,6 +214,9 @@ class ContinuingClient:
                     raise
                 yield self._fail(request_id, "upstream_rejected", str(exc))
                 return
+            if ended_early is not None:
+                self.acks.continued_later(ended_early)  # taken over: its drain may count it
+                ended_early = None
             async with contextlib.aclosing(self._forward(attempt, stitcher)) as chunks:
                 async for chunk in chunks:
                     yield chunk
@@ -223,8 +238,12 @@ class ContinuingClient:
                 yield _refused(request_id, refusal)
                 return
             left = limit(path, first)
+            if attempt.handed is None:
+                ended_early = attempt.request_id
             if left is not None and left - stitcher.tokens <= 0:
                 self.stats.completed += 1  # it was whole but for its [DONE]
+                if ended_early is not None:
+                    self.acks.continued_later(ended_early)
                 yield sse.DONE
                 return
             if continuation >= self.max_continuations:
@@ -238,6 +257,8 @@ class ContinuingClient:
         """Count and acknowledge an attempt that ended without ``[DONE]``."""
         if attempt.handed is not None:
             self._acknowledge(attempt.handed)
+        elif attempt.outcome == "ended":
+            self.stats.ended += 1
         else:
             self.stats.broken += 1
         stitcher.end_attempt(None if attempt.handed is None else attempt.handed.tokens)
@@ -251,6 +272,10 @@ class ContinuingClient:
 
     def _taken(self, count: int) -> None:
         self.stats.acked += count
+
+    def _continued(self, counted: int, ambiguous: int) -> None:
+        self.stats.ended_acked += counted
+        self.stats.ended_ambiguous += ambiguous
 
     def _fail(self, request_id: str, reason: str, message: str) -> dict[str, Any]:
         self.stats.failed[reason] += 1
@@ -276,6 +301,16 @@ class ContinuingClient:
                     attempt.outcome = "error" if errored else "handed_back"
                     return
                 errored |= "error" in event and not event.get("choices")
+                if _aborted(event) and not errored and await self.acks.endings_open():
+                    # A drain ended its engine's streams: this abort is a break to continue;
+                    # its token (SGLang puts the last one in the abort chunk) is streamed.
+                    attempt.outcome = "ended"
+                    before = stitcher.sent
+                    out = stitcher.take(_unfinished(event))
+                    self.stats.tokens += stitcher.sent - before
+                    if out is not None:
+                        yield out
+                    return
                 before = stitcher.sent
                 out = stitcher.take(event)
                 self.stats.tokens += stitcher.sent - before
@@ -288,6 +323,18 @@ class ContinuingClient:
             attempt.outcome = "malformed"
         finally:
             attempt.response.release()
+
+
+def _aborted(event: dict[str, Any]) -> bool:
+    """Every choice of the chunk finished with ``abort``: the engine aborted the request."""
+    choices = event.get("choices")
+    return bool(choices) and isinstance(choices, list) and all(
+        isinstance(c, dict) and c.get("finish_reason") == "abort" for c in choices)
+
+
+def _unfinished(event: dict[str, Any]) -> dict[str, Any]:
+    """The chunk as if it had not finished: what it streamed, without its ``abort``."""
+    return {**event, "choices": [{**c, "finish_reason": None} for c in event["choices"]]}
 
 
 def _path(path: str) -> str:

@@ -10,6 +10,15 @@ it as an early acknowledgement and applies it if the handoff is ever reported.
 
 The continuation never waits for any of this: each acknowledgement runs in a task of its
 own.
+
+Streams a drain ended through a stock engine's own API (``--end-streams``) name no pod
+either: such a coordinator shows its ending window open in ``/status`` (``stream_ending``)
+while it takes ``continued`` acknowledgements. A stream that ended early while exactly one
+watched coordinator shows its window open (or opens it within ``FIND_WITHIN_S``) was that
+drain's, and once its continuation was taken upstream it is acknowledged there as
+continued (``continued_later``). With two windows open at once it cannot be told whose it
+was, and it is acknowledged to neither: both drains count it cut, never one that was not
+theirs as handed over (``ambiguous``).
 """
 
 from __future__ import annotations
@@ -39,7 +48,8 @@ class HandoffAcks:
 
     def __init__(self, coordinators: Sequence[str], *, token: str | None = None,
                  find_within_s: float = FIND_WITHIN_S,
-                 on_taken: Callable[[int], None] | None = None) -> None:
+                 on_taken: Callable[[int], None] | None = None,
+                 on_continued: Callable[[int, int], None] | None = None) -> None:
         urls = [c.rstrip("/") for c in coordinators]
         # The Watcher maps worker URLs to coordinators; here each coordinator stands for
         # the workers nobody named, and acks go by request id alone.
@@ -52,6 +62,9 @@ class HandoffAcks:
         self.on_taken = on_taken
         """Told how many handoffs a coordinator took (``acked`` or ``early``) after each
         acknowledgement."""
+        self.on_continued = on_continued
+        """Told (counted as taken over, not acknowledged for ambiguity) after each stream
+        that ended early was taken over while a drain's ending window was open."""
 
     def start(self) -> None:
         """Start watching (inside the running loop; again is a no-op)."""
@@ -87,6 +100,46 @@ class HandoffAcks:
         task = asyncio.get_running_loop().create_task(self._ack(self._watcher, request_id))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    @property
+    def watching(self) -> bool:
+        """Coordinators are watched (named, or discovered)."""
+        return self._watcher is not None
+
+    async def endings_open(self) -> list[str]:
+        """The coordinators whose ending window is open, waiting up to ``find_within_s`` for
+        one to show it (a stream's end may reach the proxy before its long-poll answer);
+        none at once without coordinators."""
+        watcher = self._watcher
+        if watcher is None:
+            return []
+        self.start()
+        await watcher.wait_for(lambda: bool(watcher.open_endings()), self.find_within_s)
+        return watcher.open_endings()
+
+    def continued_later(self, request_id: str) -> None:
+        """A stream that ended early was taken over: acknowledge it as continued to the
+        drain that ended it, if one watched coordinator alone has its window open."""
+        if self._watcher is None:
+            return
+        task = asyncio.get_running_loop().create_task(self._continued(self._watcher,
+                                                                       request_id))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _continued(self, watcher: Watcher, request_id: str) -> None:
+        endings = await self.endings_open()
+        if len(endings) != 1:
+            if endings:
+                log.warning("stream %s ended while %d drains ended streams (%s): not "
+                            "acknowledged, each counts it cut", request_id, len(endings),
+                            ", ".join(endings))
+                if self.on_continued is not None:
+                    self.on_continued(0, 1)
+            return
+        taken = await watcher.ack_continued(endings[0], [request_id])
+        if self.on_continued is not None:
+            self.on_continued(len(taken), 0)
 
     def listing(self, request_id: str) -> str | None:
         """The coordinator that lists ``request_id`` as pending, if any."""

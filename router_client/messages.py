@@ -6,7 +6,8 @@ where their JSON is parsed.
     ├── WorkerEntry       each of its ``workers``
     ├── Migration         each of its ``migrations``: a handed-back request no router has
     │                     acknowledged yet
-    └── MigrationCounts   its ``migration_counts``
+    ├── MigrationCounts   its ``migration_counts``
+    └── StreamEndingInfo  its ``stream_ending`` (``--end-streams``; None without)
     AckResult         POST /migrations/ack
     HandedBack        the last event of a handed-back stream (engine → router)
 
@@ -207,6 +208,25 @@ class MigrationCounts:
 
 
 @dataclass(frozen=True)
+class StreamEndingInfo:
+    """A drain ending its stock engine's streams for the proxy to continue
+    (``stream_ending``, docs/protocol.md)."""
+
+    state: str
+    open: bool
+    """The streams were ended and the coordinator takes ``continued`` acknowledgements now:
+    an abort of one of its streams was the drain's."""
+    ended: int
+    continued: int
+
+    @classmethod
+    def from_json(cls, document: object, where: str = "stream_ending") -> StreamEndingInfo:
+        f = _Fields(document, where)
+        return cls(state=f.text("state"), open=f.flag("open"), ended=f.integer("ended"),
+                   continued=f.integer("continued"))
+
+
+@dataclass(frozen=True)
 class RouterStatus:
     """One coordinator's ``/status`` as a router reads it."""
 
@@ -219,6 +239,8 @@ class RouterStatus:
     workers: tuple[WorkerEntry, ...]
     migrations: tuple[Migration, ...]
     migration_counts: MigrationCounts
+    stream_ending: StreamEndingInfo | None = None
+    """Absent from a coordinator without ``--end-streams`` (or older than it)."""
 
     @property
     def draining(self) -> bool:
@@ -247,6 +269,9 @@ class RouterStatus:
                              for i, m in enumerate(f.array("migrations"))),
             migration_counts=MigrationCounts.from_json(f.value("migration_counts"),
                                                        f"{where} migration_counts"),
+            stream_ending=(None if f.document.get("stream_ending") is None else
+                           StreamEndingInfo.from_json(f.document["stream_ending"],
+                                                      f"{where} stream_ending")),
         )
 
 
@@ -260,6 +285,8 @@ class AckResult:
     """Not reported yet: remembered, and settled when the handoff arrives."""
     unknown: tuple[str, ...]
     """Already settled (acknowledged before, or expired), or never heard of."""
+    continued: tuple[str, ...] = ()
+    """Ended streams (``continued`` in the call) the coordinator counted as taken over."""
 
     @property
     def taken(self) -> tuple[str, ...]:
@@ -270,7 +297,8 @@ class AckResult:
     def from_json(cls, document: object, where: str = "/migrations/ack") -> AckResult:
         f = _Fields(document, where)
         return cls(acked=f.strings("acked"), early=f.strings("early"),
-                   unknown=f.strings("unknown"))
+                   unknown=f.strings("unknown"),
+                   continued=(f.strings("continued") if "continued" in f.document else ()))
 
 
 @dataclass(frozen=True)

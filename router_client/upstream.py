@@ -102,9 +102,12 @@ class Attempt:
     opening: list[Event]
     """The events read before the attempt was known to be taken (``_opening``)."""
     outcome: str = "broken"
-    """How it ended: ``done``, ``handed_back``, ``broken``, ``error`` (the upstream sent an
+    """How it ended: ``done``, ``handed_back``, ``broken``, ``ended`` (aborted by the engine
+    while a drain that ends streams had its window open), ``error`` (the upstream sent an
     error event) or ``malformed`` (not server-sent events of JSON)."""
     handed: HandedBack | None = None
+    request_id: str = ""
+    """The ``X-Request-Id`` it was sent with."""
 
 
 class Upstream:
@@ -170,7 +173,7 @@ class Upstream:
             if handed is not None:
                 self.on_handed_back(handed)
             raise Refused(503, _detail("upstream ended the stream before its first token"))
-        return Attempt(response, events, opening)
+        return Attempt(response, events, opening, request_id=upstream_id)
 
 
 async def _head(body: aiohttp.StreamReader, limit: int) -> bytes:

@@ -204,6 +204,26 @@ class Watcher:
                     await asyncio.wait_for(self._changed.wait(), left)
         return True
 
+    def open_endings(self) -> list[str]:
+        """The coordinators whose drain ended its engine's streams and takes ``continued``
+        acknowledgements now (``stream_ending.open``)."""
+        return [url for url, view in self.views.items()
+                if view.status is not None and view.status.stream_ending is not None
+                and view.status.stream_ending.open]
+
+    async def ack_continued(self, coordinator: str, request_ids: list[str]) -> list[str]:
+        """Tell ``coordinator`` that these streams its drain ended were taken over; returns
+        those it counted (none when the call failed: the coordinator then counts them cut,
+        which undercounts and never claims a stream that was not taken over)."""
+        try:
+            resp = await self._http.post(f"{_norm(coordinator)}/migrations/ack",
+                                         json={"request_ids": [], "continued": request_ids})
+            resp.raise_for_status()
+            return list(AckResult.from_json(resp.json()).continued)
+        except (httpx.HTTPError, ValueError) as exc:
+            log.warning("telling %s of continued streams failed: %s", coordinator, exc)
+            return []
+
     # -- acknowledgements -------------------------------------------------------------------
 
     async def ack(self, request_ids: Iterable[str], coordinator: str | None = None) -> list[str]:

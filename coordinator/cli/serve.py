@@ -52,6 +52,8 @@ SERVE_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--engine", "engine", str,
      "the engine's profile: vllm, sglang, dynamo, trtllm, tgi or generic (default): adoption "
      "patterns, kill tiers and in-flight probe for an engine that does not register"),
+    ("--engine-url", "engine_url", str,
+     "the engine's own API for --end-streams (default: the profile's port on loopback)"),
     ("--router-worker-url", "router_worker_url", str,
      "how the --router routers know this pod's engine (http://POD_IP:PORT)"),
     ("--router-token-file", "router_token_file", Path,
@@ -101,7 +103,7 @@ _METAVARS: dict[Any, str] = {float: "S", int: "N", Path: "FILE"}
 _REPEATED_FLAGS = {
     "adopt_pids": "--adopt-pid", "adopt_patterns": "--adopt-pattern",
     "adopt_tiers": "--adopt-tier", "engine_inflight_metrics": "--engine-inflight-metric",
-    "routers": "--router", "router_join": "--no-router-join",
+    "routers": "--router", "router_join": "--no-router-join", "end_streams": "--end-streams",
     "group_engine_first": "--no-group-engine-first",
     "allow_unauthenticated_network": "--allow-unauthenticated-network",
     "allowed_hosts": "--allowed-host"}
@@ -155,6 +157,12 @@ def add_settings_arguments(serve: argparse.ArgumentParser) -> None:
                        help="do not add the engine to the --router routers once it is healthy "
                        "at start (for routers that discover pods themselves) "
                        f"[env {_env_name('router_join')}]")
+    serve.add_argument("--end-streams", dest="end_streams", action="store_const", const=True,
+                       default=None,
+                       help="a continuing proxy sits in front: once the routers took the pod "
+                       "out, end the engine's in-flight requests at once through its own API "
+                       "(sglang, vllm profiles) for the proxy to continue elsewhere "
+                       f"[env {_env_name('end_streams')}]")
     serve.add_argument("--no-group-engine-first", dest="group_engine_first",
                        action="store_const", const=False, default=None,
                        help="on the group's leader, stop the engine children first like any "

@@ -54,6 +54,12 @@ class DrainRecord:
     """Requests an engine that does not register still had in flight (its own gauges, at
     their last read before its processes ended) when the kill ended it: streams the kill
     cut."""
+    ended_requests: int = 0
+    """Streams of an engine that does not register that the drain ended through the engine's
+    own API for the proxy in front to continue (``--end-streams``, the engine's count)."""
+    continued_requests: int = 0
+    """Of ``ended_requests``: those the proxy acknowledged taking over (handed to it, not
+    lost); the rest are in ``cut_requests``."""
     errors: list[str] = field(default_factory=list)
     """Internal failures during the drain (each one also in the log); the drain went on."""
     expired_before: int | None = None
@@ -80,6 +86,8 @@ class DrainRecord:
             "causes": list(self.causes),
             "lost_requests": self.lost_requests,
             "cut_requests": self.cut_requests,
+            "ended_requests": self.ended_requests,
+            "continued_requests": self.continued_requests,
             "errors": list(self.errors),
             "ended_at": self.ended_at,
             "force": self.force,
@@ -111,6 +119,8 @@ class DrainRecord:
             causes=[str(c) for c in data.get("causes") or ()],
             lost_requests=int(data.get("lost_requests") or 0),
             cut_requests=int(data.get("cut_requests") or 0),
+            ended_requests=int(data.get("ended_requests") or 0),
+            continued_requests=int(data.get("continued_requests") or 0),
             errors=[str(e) for e in data.get("errors") or ()],
             expired_before=(None if data.get("expired_before") is None
                             else int(data["expired_before"])),

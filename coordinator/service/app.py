@@ -377,11 +377,19 @@ def create_app(settings: Settings, *, kill: Killer | None = None,
     @api.post("/migrations/ack", responses=limited("max_early_acks"))
     async def ack(request: Request, body: AckRequest) -> dict[str, list[str]]:
         """A router re-issued these handed-back requests: ``acked`` were pending, ``early``
-        were not reported yet (applied when they are), ``unknown`` were settled already."""
+        were not reported yet (applied when they are), ``unknown`` were settled already.
+        ``continued``: streams this drain ended (``--end-streams``) that a proxy took over,
+        answered as ``continued`` (counted) and ``refused`` (no ending window open, more
+        than were ended, or counted already)."""
         who = caller(request)
         reach.check_acks(who, coordinator.acked_workers(body.request_ids))
+        if body.continued:
+            reach.check_trusted(who, "count streams as taken over by a proxy")
         result = coordinator.ack(body.request_ids, owner=None if who.trusted else who.uid)
-        return {"acked": result.acked, "early": result.early, "unknown": result.unknown}
+        answer = {"acked": result.acked, "early": result.early, "unknown": result.unknown}
+        if body.continued:
+            answer["continued"], answer["refused"] = coordinator.continued(body.continued)
+        return answer
 
     @api.get("/openapi.json", include_in_schema=False)
     async def openapi_schema() -> JSONResponse:

@@ -106,6 +106,11 @@ class EngineProbe:
         return self.reading.error is not None or not self.reading.count
 
     @property
+    def has_read(self) -> bool:
+        """A read succeeded since the drain started: ``last_count`` is the engine's."""
+        return self._read_once and self.last_count is not None
+
+    @property
     def cut(self) -> int:
         """Requests the engine counted in flight at its last answer (step 1): once its
         processes are gone, what the kill cut."""
@@ -149,6 +154,15 @@ class EngineProbe:
                 if changed or first:  # step 2
                     self._on_change()
                 await asyncio.sleep(INTERVAL_S)
+
+    async def read_now(self) -> int | None:
+        """One read outside the loop (the count right before an engine's requests are
+        ended, ``coordinator.service.stream_ender``); None when it fails."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=TIMEOUT_S, verify=verify_for(self.url)) as http:
+            count, _ = await self._read(http)
+        return count
 
     async def _read(self, http: httpx.AsyncClient) -> tuple[int | None, str | None]:
         import httpx

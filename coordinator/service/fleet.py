@@ -6,7 +6,8 @@ port), and the events the workers are sent.
     migration_settled   no handoff pending, no worker with requests in flight or a report owed
     terminating     ``terminate`` pushed (pre-kill hooks), workers moved; whom to wait for
     kill_targets    registered roots, adopted roots, and what exited workers left behind
-    cut_requests    after the kill: what an adopted engine still had in flight (its gauges)
+    cut_requests    after the kill: what an adopted engine still had in flight (its gauges),
+                    and the streams ``--end-streams`` ended that the proxy did not take over
     lost_requests   at the end: what no router acknowledged
 """
 
@@ -77,6 +78,8 @@ class WorkerFleet:
             c.routers.drain_started(drain.deadlines.migration_deadline_at)
         if c.engine_probe is not None:
             c.engine_probe.start()
+        if c.ender is not None:
+            c.ender.drain_started()
         for worker in c.registry.alive():
             apply(worker, WorkerMove.DRAIN)
             # A worker that hears of the drain now holds the migrating phase until it has
@@ -95,6 +98,8 @@ class WorkerFleet:
             c.routers.drain_aborted()
         if c.engine_probe is not None:
             c.engine_probe.stop()
+        if c.ender is not None:
+            c.ender.stop()
         for worker in c.registry.alive():
             apply(worker, WorkerMove.ABORT)
             worker.prekill_done = False
@@ -121,6 +126,8 @@ class WorkerFleet:
         if c.migrations.pending:
             return False
         if c.engine_probe is not None and not c.engine_probe.settled:
+            return False
+        if c.ender is not None and not c.ender.settled:
             return False
         return all(not w.inflight and not w.awaiting_report and not w.reconnect_awaited
                    for w in c.registry.alive())
@@ -183,15 +190,25 @@ class WorkerFleet:
 
     def cut_requests(self, drain: DrainRecord) -> int:
         c = self.coordinator
+        ended_cut = 0
+        if c.ender is not None and c.ender.ending is not None:
+            c.ender.stop()
+            ending = c.ender.ending
+            drain.ended_requests = ending.ended
+            drain.continued_requests = len(ending.continued)
+            ended_cut = ending.cut
+            if ended_cut:
+                log.warning("%d of the %d stream(s) ended for the proxy were not taken over: "
+                            "cut", ended_cut, ending.ended)
         probe = c.engine_probe
         if probe is None:
-            return 0
+            return ended_cut
         probe.stop()
         cut = probe.cut
         if cut:
             log.warning("the engine counted %d request(s) in flight at its last answer (%s): "
                         "the kill cut them", cut, probe.url)
-        return cut
+        return cut + ended_cut
 
     def lost_requests(self, drain: DrainRecord) -> int:
         c = self.coordinator

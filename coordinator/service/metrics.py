@@ -88,6 +88,12 @@ class CoordinatorMetrics:
             "Requests answered 429 because a bounded collection was full, by its setting "
             "(max_workers, max_handoffs, max_early_acks, max_long_polls, "
             "max_streams_per_worker)", ["limit"], registry=r)
+        self.streams_ended = Counter(
+            "shutdown_coordinator_streams_ended",
+            "Streams of a stock engine ended for the proxy in front (--end-streams), by event "
+            "(ended: by the engine's abort call; continued: the proxy took one over; failed: "
+            "a call the engine did not take)",
+            ["event"], registry=r)
         self.router_calls = Counter(
             "shutdown_coordinator_router_calls",
             "Calls to the routers in front of the engine (--router), by router kind, action "

@@ -212,3 +212,6 @@ class AckRequest(RequestBody):
     """``POST /migrations/ack`` body."""
 
     request_ids: list[RequestId] = Field(max_length=MAX_LIST)
+    continued: list[RequestId] = Field(default_factory=list, max_length=MAX_LIST)
+    """Streams this coordinator's drain ended (``--end-streams``) that the caller took over:
+    the ids of the upstream attempts that ended."""

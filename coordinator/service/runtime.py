@@ -57,6 +57,7 @@ if TYPE_CHECKING:
     from coordinator.group.node import ControllerHost, GroupNode
     from coordinator.service.engine_probe import EngineProbe
     from coordinator.service.router_adapters import RouterAdapters
+    from coordinator.service.stream_ender import StreamEnderTask
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,13 @@ class Coordinator:
             self.engine_probe = EngineProbe(
                 settings.engine_metrics_url, tuple(settings.engine_inflight_metrics),
                 on_change=self.bump)
+        self.ender: StreamEnderTask | None = None
+        """``--end-streams``: the drain's ending of the engine's streams for the proxy."""
+        profile_ender = PROFILES[settings.engine].ender
+        if settings.end_streams and profile_ender is not None and settings.engine_url:
+            from coordinator.service.stream_ender import StreamEnderTask
+
+            self.ender = StreamEnderTask(self, profile_ender, settings.engine_url)
         self.routers: RouterAdapters | None = None
         """The routers told of a drain's start and abort through their own API."""
         if settings.routers:
@@ -177,6 +185,8 @@ class Coordinator:
         self.notifier.close_all()
         if self.engine_probe is not None:
             self.engine_probe.stop()
+        if self.ender is not None:
+            self.ender.stop()
         for task in (self._sweeper, self._token_watch):
             if task is not None:
                 task.cancel()
@@ -419,6 +429,12 @@ class Coordinator:
         return [self.registry.workers.get(i)
                 or Worker(i, 0, 0.0, "", "", None, state=WorkerState.EXITED)
                 for i in sorted(ids)]
+
+    def continued(self, request_ids: list[str]) -> tuple[list[str], list[str]]:
+        """The proxy took these ended streams over (``--end-streams``): (taken, refused)."""
+        if self.ender is None:
+            return [], list(dict.fromkeys(request_ids))
+        return self.ender.acknowledge(request_ids)
 
     def ack(self, request_ids: list[str], owner: int | None = None) -> AckResult:
         """Settle handoffs; ``owner``: the non-root UID acknowledging without the token (an

@@ -85,6 +85,7 @@ class StatusView:
             "workers": [w.to_status() for w in c.registry.workers.values()],
             "migrations": [m.to_dict() for m in c.migrations.pending.values()],
             "migration_counts": c.migrations.counts(),
+            "stream_ending": c.ender.to_status() if c.ender is not None else None,
         }
 
     def status_document(self, *, processes: bool = True) -> dict[str, Any]:
@@ -104,6 +105,7 @@ class StatusView:
             "workers": [w.to_status() for w in c.registry.workers.values()],
             "migrations": [m.to_dict() for m in c.migrations.pending.values()],
             "migration_counts": c.migrations.counts(),
+            "stream_ending": c.ender.to_status() if c.ender is not None else None,
             "adopted": self.adopted(),
             "timeline": [t.to_dict() for t in c.machine.timeline[-TIMELINE_KEPT:]],
             "coordinator": {"pid": os.getpid(), "version": __version__,

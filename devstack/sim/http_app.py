@@ -7,6 +7,8 @@ ended by a drain instead ends with ``{"handed_back": true, "request_id", "tokens
 ``X-Request-Id`` header names the request. ``GET /health`` and two internal controls for
 tests and hooks: ``POST /internal/stand_down`` (stand the child watchdog down) and
 ``POST /internal/handoff`` (hand every in-flight request back; ``/internal/resume`` undoes).
+``POST /abort_request`` ``{"abort_all": true}``: SGLang's call, ending every in-flight stream
+with its next token in a chunk whose ``finish_reason`` is ``abort``, then ``[DONE]``.
 ``GET /metrics``: the in-flight gauges in SGLang's Prometheus format (what SGLang serves with
 ``--enable-metrics``), so a coordinator's engine probe waits on the simulated engine as on a
 real one. Chat completions and the calls real routers probe an engine with are
@@ -53,7 +55,8 @@ def _chunk(request_id: str, created: int, token: Token) -> dict[str, Any]:
                 "index": 0,
                 "text": token.text,
                 "logprobs": None,
-                "finish_reason": "length" if token.last else None,
+                "finish_reason": ("abort" if token.aborted else "length" if token.last
+                                  else None),
             }
         ],
     }
@@ -129,6 +132,13 @@ def build_app(
         streams.resume()
         return JSONResponse({"handing_back": 0})
 
+    async def abort_request(request: Request) -> Response:
+        body = await request.json()
+        if not isinstance(body, dict) or body.get("abort_all") is not True:
+            return error(400, "only {\"abort_all\": true} is simulated")
+        streams.abort_all()
+        return Response(status_code=200)
+
     async def http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return error(exc.status_code, exc.detail)
@@ -142,6 +152,7 @@ def build_app(
             Route("/internal/stand_down", stand_down, methods=["POST"]),
             Route("/internal/handoff", handoff, methods=["POST"]),
             Route("/internal/resume", resume, methods=["POST"]),
+            Route("/abort_request", abort_request, methods=["POST"]),
             *openai_routes(streams, controls, served or ServedModel()),
             *extra_routes,
         ],

@@ -198,7 +198,8 @@ class _ChatReply:
         delta = {"role": "assistant", "content": token.text} if token.index == 0 \
             else {"content": token.text}
         return self._chunk([{"index": 0, "delta": delta, "logprobs": None,
-                             "finish_reason": "length" if token.last else None}])
+                             "finish_reason": ("abort" if token.aborted else
+                                               "length" if token.last else None)}])
 
     async def sse_events(self, events: AsyncIterator[Token | HandedBack]) -> AsyncIterator[bytes]:
         produced = 0

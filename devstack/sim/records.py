@@ -123,7 +123,8 @@ class RequestLog:
     event: ``{"event": "arrived", "serial", "request_id", "prompt", "max_tokens", "at",
     "at_monotonic"}`` when the HTTP handler takes the request, ``{"event": "ended", "serial",
     "tokens", "how", "at", "at_monotonic"}`` when its stream ends (``how``: ``done``,
-    ``handed_back``, or ``cut`` when the client or the process went away first).
+    ``handed_back``, ``aborted`` (the engine's abort call ended it), or ``cut`` when the client or
+the process went away first).
 
     ``at`` is epoch seconds (the coordinator's ``/status`` times are too), ``at_monotonic``
     ``time.monotonic()``, one clock for every process of the host. Each line is one

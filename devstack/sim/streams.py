@@ -25,6 +25,9 @@ class Token:
     text: str
     index: int
     last: bool
+    aborted: bool = False
+    """The engine aborted the request with this token (SGLang's ``/abort_request``): its
+    chunk finishes with ``abort``."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,7 @@ class InflightRequest:
     max_tokens: int
     started_at: float = field(default_factory=time.time)
     tokens: int = 0
+    aborted: bool = False
 
 
 HandoffListener = Callable[[HandedBack], None]
@@ -62,6 +66,8 @@ class CompletionStreams:
         """Keyed by an internal serial, so a retried request id never hides another."""
         self.handing_back = False
         self.completed = 0
+        self.aborted: list[tuple[str, int]] = []
+        """(request id, tokens streamed) of every request ``abort_all`` ended."""
         self.handed_back: list[HandedBack] = []
         self.listeners: list[HandoffListener] = []
         self.step_gate: StepGate | None = None
@@ -86,6 +92,10 @@ class CompletionStreams:
                     yield self._hand_back(request)
                     return
                 request.tokens = index + 1
+                if request.aborted:
+                    self.aborted.append((request_id, request.tokens))
+                    yield Token(stream.next_token(), index, False, aborted=True)
+                    return
                 yield Token(stream.next_token(), index, index == max_tokens - 1)
             self.completed += 1
         finally:
@@ -94,6 +104,18 @@ class CompletionStreams:
     def hand_back_all(self) -> int:
         """End every in-flight stream before its next token; returns how many there were."""
         self.handing_back = True
+        for waiter in list(self._waiters):
+            if not waiter.done():
+                waiter.set_result(None)
+        return len(self.inflight)
+
+    def abort_all(self) -> int:
+        """End every in-flight request with its next token, as SGLang's ``POST
+        /abort_request {"abort_all": true}`` does (its stream's last chunk finishes with
+        ``abort``, then ``[DONE]``); requests that arrive later are served. Returns how many
+        were in flight."""
+        for request in self.inflight.values():
+            request.aborted = True
         for waiter in list(self._waiters):
             if not waiter.done():
                 waiter.set_result(None)

@@ -5,8 +5,10 @@
 Every request goes to the next worker in turn that takes work, its answer streamed back
 unchanged (the handed-back event included, as smg and vllm-router pass it). A worker takes
 work while its ``GET /health`` answers ``handing_back: false``: a router that was told of the
-drain (the coordinator's router adapters do that for smg and vllm-router). With none left it
-answers 503, as a router without workers does. It continues nothing itself: that is the
+drain (the coordinator's router adapters do that for smg and vllm-router), and while it was
+not removed through vllm-router's worker API (``POST /remove_worker?url=…``; ``/add_worker``
+puts it back), which a coordinator's ``--router vllm-router=…`` adapter calls. With none left
+it answers 503, as a router without workers does. It continues nothing itself: that is the
 continuation proxy's job in front of it.
 """
 
@@ -30,8 +32,11 @@ HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "host", "content-
 def build_app(workers: list[str], http: httpx.AsyncClient) -> Starlette:
     turn = itertools.cycle(range(len(workers)))
     served = dict.fromkeys(workers, 0)
+    removed: set[str] = set()
 
     async def takes_work(worker: str) -> bool:
+        if worker in removed:
+            return False
         try:
             health = (await http.get(f"{worker}/health")).json()
         except (httpx.HTTPError, ValueError):
@@ -62,8 +67,21 @@ def build_app(workers: list[str], http: httpx.AsyncClient) -> Starlette:
     async def routed(request: Request) -> Response:
         return JSONResponse(served)
 
+    async def remove_worker(request: Request) -> Response:
+        removed.add(request.query_params.get("url", "").rstrip("/"))
+        return JSONResponse({"removed": sorted(removed)})
+
+    async def add_worker(request: Request) -> Response:
+        url = request.query_params.get("url", "").rstrip("/")
+        if url in workers and url not in removed:
+            return JSONResponse({"detail": f"worker {url} already exists"}, status_code=400)
+        removed.discard(url)
+        return JSONResponse({"added": url})
+
     return Starlette(routes=[
         Route("/routed", routed, methods=["GET"]),
+        Route("/remove_worker", remove_worker, methods=["POST"]),
+        Route("/add_worker", add_worker, methods=["POST"]),
         Route("/{path:path}", route, methods=["GET", "POST"]),
     ])
 
