@@ -196,7 +196,7 @@ engine_started=$SECONDS
 # Two streams side by side, each one real engine's CPU at a time at most:
 # - the real engines (vLLM, SGLang with one and two schedulers, Dynamo), in the foreground;
 # - the real routers in front of simulated engines (light: mostly waiting), the real engines
-#   under `run` (tests/init), then the container tests (podman: the images built from
+#   under `run` (tests/init) and stock engines migrated through the proxy, then the container tests (podman: the images built from
 #   deploy/container/Dockerfile, overlays as pods with their engines deleted with a stream
 #   in flight as the kubelet deletes them, the engine as PID 1 under run, tini, tini -g,
 #   dumb-init, no init), logged to .engines/second-stream.log.
@@ -216,11 +216,14 @@ case "$selection" in
         selection="not overlay or sidecar and (sglang or vllm and not adopted)" ;;
     all) selection="" ;;
 esac
+# Real-engine tests that run in the second stream, not in the foreground's tests/engines:
+# each starts two engines of its own, and the foreground is the longer stream.
+second_engines=(tests/engines/test_stock_ending.py)
 second_stream() {
     local started=$SECONDS
     echo "== real routers in front of simulated engines, the real engines under run"
     .venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
-        tests/init || return
+        tests/init "${second_engines[@]}" || return
     echo "routers and run: $((SECONDS - started)) s wall time"
     started=$SECONDS
     echo "== container tests (podman)"
@@ -232,7 +235,8 @@ second_log=.engines/second-stream.log
 second_stream > "$second_log" 2>&1 &
 second=$!
 engine_status=0
-.venv/bin/pytest -m engine tests/engines || engine_status=$?
+.venv/bin/pytest -m engine tests/engines "${second_engines[@]/#/--ignore=}" \
+    || engine_status=$?
 echo "real engines: $((SECONDS - engine_started)) s wall time"
 second_status=0
 wait "$second" || second_status=$?
