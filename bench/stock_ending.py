@@ -1,16 +1,18 @@
-"""How soon a stock engine's pod is empty with a 1,000-token stream in flight: waited for, or
+"""How soon a stock engine's pod is empty with a long stream in flight: waited for, or
 ended by the drain and continued on a peer through the proxy (``--end-streams``).
 
-    .venv/bin/python -m bench.stock_ending [--engines sglang vllm] [--tokens 1000]
+    .venv/bin/python -m bench.stock_ending [--engines sglang vllm] [--tokens 3000]
         [--runs 1] [--json FILE]
 
 Needs ``scripts/engines.sh sglang vllm routers``. Per engine, one peer of the same kind and
 vllm-router in front of it for the whole run; per row a fresh stock engine (the drained one),
 adopted by a coordinator with the engine's profile (``--grace-period 120``), added to the
 router by the coordinator's join, the continuation proxy in front of the router watching that
-coordinator, and one greedy stream of ``--tokens`` tokens through the proxy, sent while the
-peer is out of the router so it lands on the drained engine. Once the stream has 10 chunks,
-the kubelet's ``GET /drain``, then its SIGTERM to the engine's main process if it still runs:
+coordinator, and one greedy stream of ``--tokens`` tokens (3,000: still in flight when a
+loaded machine's drain has taken the pod out; vLLM streams about 90 a second) through the
+proxy, sent while the peer is out of the router so it lands on the drained engine. Once the
+stream has 10 chunks, the kubelet's ``GET /drain``, then its SIGTERM to the engine's main
+process if it still runs:
 
 - ``wait``: the coordinator without ``--end-streams``: its probe holds the migration until the
   stream ends on the drained engine;
@@ -138,7 +140,7 @@ def run_engine(engine: str, tokens: int, runs: int, tmp: Path, model: Path) -> l
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engines", nargs="+", default=["sglang", "vllm"])
-    parser.add_argument("--tokens", type=int, default=1000)
+    parser.add_argument("--tokens", type=int, default=3000)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()

@@ -38,7 +38,7 @@ class Server:
 
 def sglang(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
     port = free_port()
-    (tmp / name).mkdir(exist_ok=True)
+    (tmp / name).mkdir(parents=True, exist_ok=True)
     server = start_sglang(janitor, tmp / name, model, port=port,
                           flags=["--log-requests", "--log-requests-level", "0"])
     return Server(server.proc.pid, server.url, server.model, server.log,
@@ -46,7 +46,7 @@ def sglang(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server
 
 
 def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
-    (tmp / name).mkdir(exist_ok=True)
+    (tmp / name).mkdir(parents=True, exist_ok=True)
     server = start_vllm(janitor, tmp / name, model, max_model_len=4096,
                         flags=["--enable-log-requests"],
                         extra_env={"VLLM_SERVER_DEV_MODE": "1"})

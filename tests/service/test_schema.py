@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import hypothesis
+import pytest
 import schemathesis
 from hypothesis import HealthCheck
 from schemathesis import checks
@@ -58,6 +59,7 @@ def run_all_checks(operations: list[Any], headers: dict[str, str], examples: int
     return cases
 
 
+@pytest.mark.timeout(600)  # 1,000+ requests: 70 s alone under load, 180+ s beside a worker
 def test_the_api_answers_as_its_schema_says(janitor: ProcessJanitor, tmp_path: Path) -> None:
     """1. start a sleeper, and a coordinator confined to the sleeper's subtree (so random
        input can never register or signal a process outside the test) with a short budget

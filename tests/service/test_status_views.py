@@ -14,7 +14,7 @@ from tests.support.processes import ProcessJanitor, wait_for
 from tests.support.tcp_queues import tcp_queues
 
 ROUTER_KEYS = {"phase", "generation", "ready", "drain", "workers", "migrations",
-               "migration_counts"}
+               "migration_counts", "stream_ending"}
 POLL_S = 3600
 """A long-poll this long (and the coordinator's cap raised to it) cannot end by timing out
 while the test runs: an answer within the client's bound means the poll was woken."""
