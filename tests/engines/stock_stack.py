@@ -1,6 +1,7 @@
 """Stock SGLang and stock vLLM servers as the ``--end-streams`` tests and bench start them:
 each with its own log of requests (SGLang ``--log-requests``, vLLM
-``--enable-log-requests``), vLLM with its abort call mounted (``VLLM_SERVER_DEV_MODE=1``)."""
+``--enable-log-requests``), vLLM with its abort call mounted (``VLLM_SERVER_DEV_MODE=1``) and
+the environment the manifests give it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from coordinator.engines import PROFILES
 from devstack.routers import free_port
 from tests.engines.sglang_stack import start_sglang
 from tests.engines.stack import start_vllm
@@ -45,11 +47,16 @@ def sglang(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server
                   rf"sglang\.launch_server .*--port {port}(\s|$)")
 
 
+VLLM_ENV = PROFILES["vllm"].engine_env
+"""What the shipped manifests give a vLLM (its Worker's own exit waited for 20 s, not 5: on
+a loaded machine EngineCore otherwise SIGTERMs it, then hangs until its tier's SIGKILL)."""
+
+
 def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
     (tmp / name).mkdir(parents=True, exist_ok=True)
     server = start_vllm(janitor, tmp / name, model, max_model_len=4096,
                         flags=["--enable-log-requests"],
-                        extra_env={"VLLM_SERVER_DEV_MODE": "1"})
+                        extra_env={"VLLM_SERVER_DEV_MODE": "1", **dict(VLLM_ENV)})
     port = server.url.rpartition(":")[2]
     return Server(server.proc.pid, server.url, server.served_model, server.log,
                   rf"vllm\.entrypoints\.openai\.api_server .*--port {port}(\s|$)")
