@@ -184,8 +184,8 @@ DOC_ROWS = {
     "vllm": "| sglang, trtllm, vllm |",
     "dynamo-worker": "| dynamo-worker |",
     "adopted-vllm": "| adopted-vllm |",
-    "vllm-migrating": "| vllm-migrating, sglang-migrating |",
-    "sglang-migrating": "| vllm-migrating, sglang-migrating |",
+    "vllm-migrating": "| vllm-migrating |",
+    "sglang-migrating": "| sglang-migrating |",
 }
 
 
