@@ -14,12 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from continuation_proxy.cli import parse_args as parse_proxy_args
 from coordinator.router_settings import NEEDS_WORKER_URL, parse_router
 from coordinator.service import posture
 from coordinator.settings import ENV_PREFIX, Settings
-from tests.deploy.rendering import COORDINATOR, DRAIN_HOOK, Rendered
+from tests.deploy.rendering import COORDINATOR, DRAIN_HOOK, REPO, Rendered
 
 HOOK_SCRIPT = DRAIN_HOOK.name
+DRAINABLE_SERVER = "/opt/shutdown-coordinator/engine/drainable_server.py"
+"""Where the recipe's ``drainable`` target puts an engine's drainable server."""
+RECIPE = REPO / "deploy" / "container" / "Dockerfile"
+PROXY = "continuation-proxy"
 KUBELET_EXTENSION_S = 2
 """The kubelet's one-off extension when a preStop hook outlives the grace period."""
 MIN_SAFETY_MARGIN_S = 5
@@ -258,13 +263,20 @@ def effective_settings(r: Rendered) -> Settings:
 
 
 def check_adoption(r: Rendered) -> None:
-    """The engine is adopted (every overlay runs a stock engine command): the adoption
-    patterns in effect (the profile's, or the overlay's own) match the engine's command line
-    and never the hook or the coordinator."""
+    """A stock engine is adopted: the adoption patterns in effect (the profile's, or the
+    overlay's own) match the engine's command line and never the hook or the coordinator. An
+    engine that registers (a migrating overlay's drainable server) is adopted by nothing: it
+    runs the drainable server where the recipe's ``drainable`` target puts it, and no pattern
+    could make the coordinator drain it twice."""
     raw = effective_settings(r).adopt_patterns
+    engine = shlex.join([*(r.engine.get("command") or []), *(r.engine.get("args") or [])])
+    if r.variant.registers:
+        assert not raw, f"a registering engine is adopted too: {raw!r}"
+        assert (r.engine.get("command") or [])[1:2] == [DRAINABLE_SERVER], engine
+        assert DRAINABLE_SERVER in RECIPE.read_text(), "the recipe puts no drainable server there"
+        return
     assert raw, "an unmodified engine is drained only if it is adopted"
     patterns = [re.compile(p) for p in raw]
-    engine = shlex.join([*(r.engine.get("command") or []), *(r.engine.get("args") or [])])
     never = [
         shlex.join(r.engine["lifecycle"]["preStop"].get("exec", {}).get("command") or []),
         shlex.join(["python3", "/opt/shutdown-coordinator/hook/" + HOOK_SCRIPT]),
@@ -277,11 +289,48 @@ def check_adoption(r: Rendered) -> None:
 
 
 def check_engine_profile(r: Rendered) -> None:
-    """The overlay names its engine's profile, so the adopted tree is stopped in the order
-    that engine needs (its tiers) and its in-flight requests are waited for."""
+    """A stock engine's overlay names its engine's profile, so the adopted tree is stopped in
+    the order that engine needs (its tiers) and its in-flight requests are waited for. A
+    registering engine declares its tiers itself: no profile, whose patterns and gauges would
+    only adopt it twice and wait on streams it hands back."""
     settings = effective_settings(r)
+    if r.variant.registers:
+        assert settings.engine == "generic", settings.engine
+        assert not settings.adopt_tiers, settings.adopt_tiers
+        return
     assert settings.engine != "generic", "no engine profile: children-first order"
     assert settings.adopt_tiers, f"profile {settings.engine} gives no tiers"
+
+
+def proxy_container(r: Rendered) -> dict[str, Any] | None:
+    """The continuation proxy's container, when the variant deploys it."""
+    found = [d for d in r.of_kind("Deployment") if d["metadata"]["name"] == PROXY]
+    if not found:
+        return None
+    container: dict[str, Any] = found[0]["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+def check_continuation(r: Rendered) -> None:
+    """A migrating overlay hands streams back, so something must continue them: a router
+    adapter takes the pod out at the drain's start, and the continuation proxy deployed with
+    it calls that same router (``--upstream`` is the adapter's URL) and acknowledges
+    handoffs to the pods' coordinators (the base's headless Service, on the coordinators'
+    port); its arguments parse with the proxy's own command line."""
+    container = proxy_container(r)
+    if not r.variant.registers and container is None:
+        return
+    assert container is not None, "handed-back streams have nothing to continue them"
+    routers = [parse_router(text) for text in
+               r.settings.get("SHUTDOWN_COORDINATOR_ROUTERS", "").split(",") if text]
+    assert routers, "no router adapter: the draining pod stays in the router"
+    args = parse_proxy_args(container["args"])
+    assert args.upstream == routers[0].url, (args.upstream, routers[0].url)
+    service = r.named("Service", "inference-engine-coordinator")
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    (name, port), = args.coordinators_dns
+    assert name.split(".")[0] == service["metadata"]["name"], name
+    assert port == r.port, (port, r.port)
 
 
 def check_secure_start(r: Rendered) -> None:
@@ -331,11 +380,12 @@ def _selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 
 def selectors(r: Rendered) -> list[tuple[str, dict[str, str]]]:
-    """Every pod or Service selector in the render, named by where it is."""
+    """Every selector of the engine pods' objects in the render, named by where it is (the
+    continuation proxy a migrating overlay deploys selects its own pods: one per router)."""
     found = [(f"Deployment {r.deployment['metadata']['name']}",
               r.deployment["spec"]["selector"]["matchLabels"])]
     found += [(f"Service {s['metadata']['name']}", s["spec"]["selector"])
-              for s in r.of_kind("Service")]
+              for s in r.of_kind("Service") if s["metadata"]["name"] != PROXY]
     found += [(f"PodDisruptionBudget {b['metadata']['name']}",
                b["spec"]["selector"]["matchLabels"]) for b in r.of_kind("PodDisruptionBudget")]
     for policy in r.of_kind("NetworkPolicy"):
@@ -415,6 +465,7 @@ CHECKS: dict[str, Callable[[Rendered], None]] = {
     "coordinator-service": check_coordinator_service,
     "adoption": check_adoption,
     "engine-profile": check_engine_profile,
+    "continuation": check_continuation,
     "secure-start": check_secure_start,
     "router-worker-url": check_router_worker_url,
     "instance-selectors": check_instance_selectors,

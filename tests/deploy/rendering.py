@@ -38,6 +38,9 @@ class Variant:
     components: tuple[str, ...] = ()
     shipped: bool = False
     """True for the overlays in deploy/kubernetes/overlays (rendered as they are)."""
+    registers: bool = False
+    """The engine registers through worker_client (a drainable server) instead of being
+    adopted by its profile's patterns: the migrating overlays."""
 
     @property
     def native_sidecar(self) -> bool:
@@ -54,6 +57,10 @@ SHIPPED = (
     Variant("vllm", "vllm", shipped=True),
     Variant("dynamo-worker", "dynamo-worker", shipped=True),
     Variant("adopted-vllm", "adopted-vllm", ("engine-as-root",), shipped=True),
+    Variant("vllm-migrating", "vllm-drainable", ("router-vllm-router", "continuation-proxy"),
+            shipped=True, registers=True),
+    Variant("sglang-migrating", "sglang-drainable", ("router-vllm-router", "continuation-proxy"),
+            shipped=True, registers=True),
 )
 COMBINED = (
     Variant("vllm-classic", "vllm", ("classic-sidecar",)),
@@ -139,8 +146,12 @@ class Rendered:
 
     @property
     def deployment(self) -> dict[str, Any]:
-        deployments = self.of_kind("Deployment")
-        assert len(deployments) == 1, "expected exactly one Deployment"
+        """The engine pods' Deployment (a migrating overlay also deploys the continuation
+        proxy's)."""
+        deployments = [d for d in self.of_kind("Deployment")
+                       if any(c["name"] == ENGINE for c in
+                              d["spec"]["template"]["spec"].get("containers") or [])]
+        assert len(deployments) == 1, "expected exactly one engine Deployment"
         return deployments[0]
 
     @property

@@ -87,6 +87,10 @@ def test_healthcheck_runs_a_script_the_image_contains(final: dockerfile.Stage) -
     assert (REPO / copies[argv[1]]).resolve() == HEALTHCHECK
 
 
+DRAINABLE_ENGINES = ("vllm", "sglang")
+"""The values of the recipe's ``DRAINABLE`` argument: the engines a migrating overlay runs."""
+
+
 def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
     """1. Every COPY source (not from another stage) exists in the repository.
     2. The Dockerfile's own .dockerignore lets it into the build context.
@@ -103,6 +107,10 @@ def test_every_copied_path_exists_and_is_in_the_build_context() -> None:
             if any(w.startswith("--from") for w in words):
                 continue
             sources = [w for w in words[:-1] if not w.startswith("--")]
+            # The drainable target copies one engine's server, named by a build argument:
+            # every engine a migrating overlay runs.
+            sources = [s.replace("${DRAINABLE}", engine) for s in sources
+                       for engine in (DRAINABLE_ENGINES if "${DRAINABLE}" in s else ("",))]
             for source in sources:
                 assert (REPO / source).exists(), f"line {copy.line}: {source} does not exist"
                 assert _included(source.rstrip("/"), ignore), f"{source} is ignored"
@@ -240,14 +248,16 @@ def _engine_pod() -> dict[str, object]:
 
 
 def test_the_base_is_a_build_argument_and_the_default_build_is_the_slim_sidecar() -> None:
-    """1. Every stage but the wheel builder starts from ``${BASE_IMAGE}``; its default is the
-    slim Python of ``PYTHON_VERSION``.
+    """1. Every stage but the wheel builder and the drainable engine (the engine stage with
+    the server added) starts from ``${BASE_IMAGE}``; its default is the slim Python of
+    ``PYTHON_VERSION``.
     2. The last stage, which a build without ``--target`` makes, is the sidecar.
     3. The engine bases the recipe names are the ones the engine components run."""
     stages = dockerfile.parse(DOCKERFILE)
     version = stages[0].base.split(":", 1)[1].removesuffix("-slim")
+    assert dockerfile.stage(stages, "drainable").base_text == "engine"
     for stage in stages:
-        if stage.name != "worker-wheel":
+        if stage.name not in ("worker-wheel", "drainable"):
             assert stage.base_text == "${BASE_IMAGE}", stage.name
             assert stage.base == f"python:{version}-slim"
     assert stages[-1].name == "sidecar"

@@ -58,7 +58,8 @@ def test_variant_validates_against_every_supported_version(
     rendered = renders[variant.name]
     kinds = sorted(doc["kind"] for doc in rendered.docs)
     assert "Deployment" in kinds
-    assert kinds.count("Service") == 2
+    # The engine's and the coordinators'; and the continuation proxy's with it.
+    assert kinds.count("Service") == 2 + ("continuation-proxy" in variant.components)
     for version in variant.versions:
         for doc in rendered.docs:
             _validate(doc, version)
@@ -121,6 +122,9 @@ def _broken(rendered: Rendered, change: str) -> Rendered:
     elif change == "adoption":
         config = broken.named("ConfigMap", _config_name(broken))
         config["data"]["SHUTDOWN_COORDINATOR_ADOPT_PATTERNS"] = "python3"
+    elif change == "continuation":
+        proxy = broken.named("Deployment", "continuation-proxy")["spec"]["template"]["spec"]
+        proxy["containers"][0]["args"][0] = "--upstream=http://smg.default.svc.cluster.local:30000"
     elif change == "engine-profile":
         config = broken.named("ConfigMap", _config_name(broken))
         del config["data"]["SHUTDOWN_COORDINATOR_ENGINE"]
@@ -152,7 +156,8 @@ def _config_name(rendered: Rendered) -> str:
     return str(refs[0]["configMapRef"]["name"])
 
 
-_SOURCES = {"adoption": "adopted-vllm", "router-worker-url": "trtllm-vllm-router"}
+_SOURCES = {"adoption": "adopted-vllm", "router-worker-url": "trtllm-vllm-router",
+            "continuation": "vllm-migrating"}
 """The rendering each check is broken in, when not the vLLM overlay's."""
 
 
@@ -179,6 +184,8 @@ DOC_ROWS = {
     "vllm": "| sglang, trtllm, vllm |",
     "dynamo-worker": "| dynamo-worker |",
     "adopted-vllm": "| adopted-vllm |",
+    "vllm-migrating": "| vllm-migrating |",
+    "sglang-migrating": "| sglang-migrating |",
 }
 
 

@@ -181,3 +181,29 @@ def test_the_vllm_overlays_run_the_user_their_comments_say(name: str, tmp_path: 
     for other_name, (_, other_word) in OVERLAY_USERS.items():
         if other_name != name:
             assert f"as {other_word}" in comment, comment
+
+
+PROFILE_ONLY = "No code change: readiness and ordered kill, streams waited for."
+"""What an overlay that runs a stock engine is, first in its comment."""
+
+
+def test_each_overlay_says_first_whether_its_streams_move_or_are_waited_for() -> None:
+    """Every overlay's comment opens with what it does to in-flight streams: the migrating
+    ones (their engine registers) that the streams move to another pod, the others that they
+    are waited for, with no code change; and docs/deploy.md's first `kubectl apply` is a
+    migrating overlay, the path the docs lead to first."""
+    registering = {v.name for v in SHIPPED if v.registers}
+    assert registering
+    for directory in sorted((KUBERNETES_DIR / "overlays").iterdir()):
+        lines = (directory / "kustomization.yaml").read_text().splitlines()
+        comment = " ".join(line.removeprefix("#").strip() for line in lines
+                           if line.startswith("#"))
+        if directory.name in registering:
+            assert "streams move to another pod" in comment.split(".")[0], directory.name
+            assert PROFILE_ONLY not in comment, directory.name
+        else:
+            assert comment.startswith(PROFILE_ONLY), directory.name
+    guide = (KUBERNETES_DIR.parents[1] / "docs" / "deploy.md").read_text()
+    first = re.search(r"kubectl apply -k deploy/kubernetes/overlays/([\w-]+)", guide)
+    assert first is not None, "docs/deploy.md applies no overlay"
+    assert first[1] in registering, first[1]

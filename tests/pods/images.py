@@ -35,6 +35,9 @@ No registry is reachable, so nothing is pulled:
    (the project and its dependencies, devstack's simulated engine among them) with the
    recipe's ``engine`` target on top (the hook; ``worker_client`` is already there), and
    ``PATH``/``PYTHONPATH`` set for the engine shims the pod mounts.
+7. The recipe's ``drainable`` target on ``ENGINE_BASE``, per engine that has a drainable
+   server (``DRAINABLE``: vllm, sglang): the engine target plus that server, where the
+   migrating overlays' engine command runs it.
 
 The recipe's builds run without podman's layer cache (``--layers=false``): podman 4.3's
 builder (buildah 1.28) mounts nothing for ``RUN --mount=type=bind,from=<stage>`` when that
@@ -225,6 +228,22 @@ class Images:
                    "--build-arg", f"ENGINE_IMAGE={base}", "--build-arg", "ENGINE_USER=1000:1000",
                    "--tag", engine_init_image(name))
         return engine_init_image(name)
+
+    # 7. An engine's drainable target.
+
+    def drainable(self, engine: str) -> str:
+        """The recipe's ``drainable`` target for ``engine`` on the engine base."""
+        image = f"localhost/{engine}-drainable-hook:test"
+        if image in self._built:
+            return image
+        base = self.base(ENGINE_BASE, ENGINE_BASE_PACKAGES)
+        self.build(f"the {engine} drainable target (deploy/container/Dockerfile --target "
+                   "drainable)", "--file", str(RECIPE), "--ignorefile", str(IGNORE_FILE),
+                   "--target", "drainable", "--build-arg", f"DRAINABLE={engine}",
+                   "--build-arg", f"BASE_IMAGE={base}",
+                   "--build-arg", f"BUILDER_IMAGE={self.base()}", "--tag", image)
+        self._built.add(image)
+        return image
 
     # 6. The simulated engine.
 

@@ -12,7 +12,8 @@ import pytest
 
 from tests.deploy.rendering import KUBERNETES_DIR
 from tests.pods.images import ENGINE_HOOK, SIDECAR, Images
-from tests.pods.podman import Podman
+from tests.pods.overlays import rendered
+from tests.pods.podman import REPO, Podman
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1200)]
@@ -162,3 +163,27 @@ def test_the_engine_target_adds_the_hook_and_worker_client_to_an_engine_base(
     assert same.stdout == (KUBERNETES_DIR / "base" / "drain_hook.py").read_text()
     assert image == ENGINE_HOOK
     assert SIDECAR.startswith("ghcr.io/shutdown-coordinator/shutdown-coordinator:")
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_the_drainable_target_holds_the_server_its_migrating_overlay_runs(
+        podman: Podman, images: Images, tmp_path: Path, engine: str) -> None:
+    """1. The recipe's drainable target for ``engine`` on the engine base.
+    2. The ``<engine>-migrating`` overlay's engine command (``python3 FILE``) runs a file the
+       image holds: the repository's drainable server for that engine, byte for byte,
+       readable by the manifests' engine user (the image's user) on a read-only root.
+    3. The engine target's part is kept: the hook at the manifests' path and a python3 that
+       imports ``worker_client``, which the server registers through."""
+    image = images.drainable(engine)
+    manifest = rendered(f"{engine}-migrating", tmp_path / "render")
+    python, server = manifest.engine["command"]
+    assert python == "python3"
+    config = podman.json("image", "inspect", image)[0]["Config"]
+    assert config["User"] == "1000:1000"
+    labels = podman.labels("image-test-drainable")
+    shown = podman.run("run", "--rm", *labels, "--read-only", image, "cat", server)
+    assert shown.stdout == (REPO / "deploy" / "examples" / engine / "drainable_server.py"
+                            ).read_text()
+    probe = f"import os, worker_client; print(os.access({HOOK!r}, os.R_OK))"
+    done = podman.run("run", "--rm", *labels, "--read-only", image, "python3", "-c", probe)
+    assert done.stdout.strip() == "True"
