@@ -20,10 +20,14 @@ to take part in a drain (``python -m vllm.entrypoints.openai.api_server`` cannot
    lets the multiprocessing ``resource_tracker`` child (it ignores SIGTERM and leaves when its
    parent does) end without SIGKILL.
 
-Streaming convention (the project's router convention): ``POST /v1/completions`` with
-``stream: true`` and an ``X-Request-Id`` header; SSE ``data:`` lines ``{"id", "choices":
-[{"index", "text", "finish_reason"}]}``, then ``[DONE]``, or a last
-``{"handed_back": true, "request_id", "tokens"}`` and no ``[DONE]``.
+Requests as vLLM's OpenAI server takes them, so the routers and the continuation proxy in
+front treat it as one: ``POST /v1/completions`` (``prompt`` as text or as token ids, which is
+how the proxy continues a completion token-exactly), ``POST /v1/chat/completions`` (the
+model's chat template), ``return_token_ids`` (each chunk carries its token ids, the first the
+prompt's), and ``GET /v1/models``, which routers probe a worker with. Streaming follows the
+project's router convention: ``stream: true`` and an ``X-Request-Id`` header; SSE ``data:``
+lines as vLLM words them, then ``[DONE]``, or a last ``{"handed_back": true, "request_id",
+"tokens"}`` and no ``[DONE]``, ``tokens`` counting the tokens in the chunks sent.
 
 Run::
 
@@ -39,15 +43,17 @@ import json
 import logging
 import os
 import signal
+import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from vllm import SamplingParams
+from vllm import SamplingParams, TokensPrompt
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.sampling_params import RequestOutputKind
 from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -57,15 +63,26 @@ from worker_client import Tier, WorkerClient, handed_back_event, install_gracefu
 
 log = logging.getLogger("drainable_server")
 
+ENGINE_CORE_TIER_S = 30.0
+"""How long EngineCore gets from its SIGTERM to its exit, its Workers' exits included."""
+WORKER_EXIT_S = 20
+"""How long EngineCore lets its Workers leave by themselves before it SIGTERMs them (vLLM's
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s by default; SIGKILL 4 s after that). On a
+loaded 2-core machine a Worker took longer than 5 s, was SIGTERMed by EngineCore while it
+was already leaving, and died of it (exit -15): set inside EngineCore's tier, the Worker's
+own exit is waited for and only a stuck one is signalled. An operator's value is kept."""
 VLLM_TIERS = (
     # EngineCore's SIGTERM handler shuts its executor down, which stops the Worker processes
     # and waits for them. A Worker stopped first is "died unexpectedly" to EngineCore and the
     # whole engine is declared dead. (Same table: deploy/examples/unmodified/engine_tiers.py.)
-    Tier("engine-core", pattern=r"VLLM::(EngineCore|DPCoordinator)", timeout_s=30),
+    Tier("engine-core", pattern=r"VLLM::(EngineCore|DPCoordinator)",
+         timeout_s=ENGINE_CORE_TIER_S),
     Tier("workers", pattern=r"VLLM::Worker", timeout_s=10),
 )
 
 
+COMPLETION_MAX_TOKENS = 16
+"""A completion's ``max_tokens`` when it does not say (OpenAI's default, and vLLM's)."""
 ENGINE_CHECK_S = 0.2
 """How often a draining server checks whether its engine core is gone (only while draining)."""
 
@@ -104,11 +121,97 @@ def sse(data: dict[str, Any] | str) -> bytes:
     return f"data: {text}\n\n".encode()
 
 
+class BadRequest(ValueError):
+    """A request this server cannot take: a 400 with this message."""
+
+
+@dataclass
+class Job:
+    """One request as the engine takes it, and how its chunks are worded."""
+
+    request_id: str
+    prompt: str | TokensPrompt
+    params: SamplingParams
+    chat: bool
+    token_ids: bool
+    """``return_token_ids``: each chunk carries its token ids, the first the prompt's."""
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def chunk(self, text: str, ids: list[int], finish: str | None,
+              prompt_ids: list[int] | None) -> dict[str, Any]:
+        """A streamed chunk as vLLM's OpenAI server words it."""
+        choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
+        if self.chat:
+            choice["delta"] = {"content": text}
+        else:
+            choice["text"] = text
+        if self.token_ids:
+            choice["token_ids"] = ids
+            if prompt_ids is not None:
+                choice["prompt_token_ids"] = prompt_ids
+        return {"id": self.request_id, "created": self.created, "model": self.model,
+                "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "choices": [choice]}
+
+
+def sampling(body: dict[str, Any], default_max: int) -> SamplingParams:
+    """The sampling a request asks for (the OpenAI fields vLLM's server reads too)."""
+    limit = body.get("max_completion_tokens", body.get("max_tokens"))
+    stop = body.get("stop")
+    return SamplingParams(
+        max_tokens=default_max if limit is None else int(limit),
+        min_tokens=int(body.get("min_tokens") or 0),
+        temperature=float(body.get("temperature", 1.0)),
+        top_p=float(body.get("top_p", 1.0)),
+        seed=body.get("seed"),
+        stop=[stop] if isinstance(stop, str) else stop,
+        ignore_eos=bool(body.get("ignore_eos", False)),
+        output_kind=RequestOutputKind.DELTA,
+    )
+
+
+def completion_job(body: dict[str, Any], request_id: str, model: str) -> Job:
+    """A completion: its prompt is text, or token ids (a continuation's, exact)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        engine_prompt: str | TokensPrompt = TokensPrompt(prompt_token_ids=prompt)
+    elif isinstance(prompt, str):
+        engine_prompt = prompt
+    else:
+        raise BadRequest("'prompt' must be a string or a list of token ids")
+    return Job(request_id, engine_prompt, sampling(body, COMPLETION_MAX_TOKENS), chat=False,
+               token_ids=bool(body.get("return_token_ids")), model=model)
+
+
+def chat_job(body: dict[str, Any], request_id: str, model: str, engine: AsyncLLM) -> Job:
+    """A chat completion: the messages rendered with the model's chat template, as vLLM's
+    server does (``add_generation_prompt``, ``continue_final_message`` for an open assistant
+    message, no special tokens added), and tokenized here."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise BadRequest("'messages' must be a non-empty list")
+    tokenizer = engine.get_tokenizer()
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False,
+            add_generation_prompt=bool(body.get("add_generation_prompt", True)),
+            continue_final_message=bool(body.get("continue_final_message", False)))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise BadRequest(f"the messages do not render: {exc}") from exc
+    ids = tokenizer.encode(str(text), add_special_tokens=bool(body.get("add_special_tokens")))
+    left = engine.model_config.max_model_len - len(ids)
+    return Job(request_id, TokensPrompt(prompt_token_ids=ids, prompt=str(text)),
+               sampling(body, left), chat=True, token_ids=bool(body.get("return_token_ids")),
+               model=model)
+
+
 def build_app(
     engine_args: AsyncEngineArgs, client: WorkerClient, model_name: str,
     server: list[uvicorn.Server],
 ) -> FastAPI:
     state: dict[str, AsyncLLM] = {}
+    started = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -131,37 +234,69 @@ def build_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        # What routers probe a worker with (smg tells vLLM by ``owned_by``).
+        return {"object": "list", "data": [{
+            "id": model_name, "object": "model", "created": started, "owned_by": "vllm",
+            "root": engine_args.model, "parent": None,
+            "max_model_len": state["engine"].model_config.max_model_len}]}
+
     @app.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        body = await request.json()
-        request_id = request.headers.get("x-request-id") or f"cmpl-{uuid.uuid4().hex}"
-        params = SamplingParams(
-            max_tokens=int(body.get("max_tokens", 16)),
-            temperature=float(body.get("temperature", 0.0)),
-            ignore_eos=bool(body.get("ignore_eos", False)),
-            output_kind=RequestOutputKind.DELTA,
-        )
-        chunks = generate(state["engine"], client, request_id, str(body["prompt"]), params)
+        body, request_id = await _read(request, "cmpl")
+        return await serve(lambda: completion_job(body, request_id, model_name), body)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Any:
+        body, request_id = await _read(request, "chatcmpl")
+        return await serve(
+            lambda: chat_job(body, request_id, model_name, state["engine"]), body)
+
+    async def serve(make: Callable[[], Job], body: dict[str, Any]) -> Any:
+        try:
+            job = make()
+        except (BadRequest, ValueError, TypeError) as exc:
+            return JSONResponse({"error": {"message": str(exc), "type": "BadRequestError",
+                                           "code": 400}}, status_code=400)
+        chunks = generate(state["engine"], client, job)
         if body.get("stream"):
             return StreamingResponse(chunks, media_type="text/event-stream")
-        return await collect(chunks, request_id, model_name)
+        return await collect(chunks, job)
 
     return app
 
 
-async def generate(
-    engine: AsyncLLM, client: WorkerClient, request_id: str, prompt: str, params: SamplingParams
-) -> AsyncIterator[bytes]:
-    """One request's SSE stream; ends with ``handed_back`` when a drain interrupts it."""
+async def _read(request: Request, prefix: str) -> tuple[dict[str, Any], str]:
+    body = await request.json()
+    if not isinstance(body, dict):
+        body = {}
+    return body, request.headers.get("x-request-id") or f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def generate(engine: AsyncLLM, client: WorkerClient, job: Job) -> AsyncIterator[bytes]:
+    """One request's SSE stream; ends with ``handed_back`` when a drain interrupts it. The
+    count it hands back is of the tokens in the chunks sent, so a continuation resumes right
+    after them."""
     produced = 0
+    prompt_ids: list[int] | None = None
+    request_id = job.request_id
     async with client.track(request_id) as req:
-        async for output in req.stream(engine.generate(prompt, params, request_id)):
+        if job.chat:  # the role comes first, alone, as vLLM sends it
+            yield sse({**job.chunk("", [], None, None), "choices": [
+                {"index": 0, "delta": {"role": "assistant", "content": ""},
+                 "finish_reason": None}]})
+        async for output in req.stream(engine.generate(job.prompt, job.params, request_id)):
             completion = output.outputs[0]
-            produced += len(completion.token_ids)
+            ids = list(completion.token_ids)
+            if not ids and not completion.text and completion.finish_reason is None:
+                continue
+            produced += len(ids)
             req.tokens = produced
-            yield sse({"id": request_id, "object": "text_completion", "choices": [
-                {"index": 0, "text": completion.text, "finish_reason": completion.finish_reason},
-            ]})
+            first = prompt_ids is None
+            prompt_ids = list(output.prompt_token_ids or ())
+            yield sse(job.chunk(completion.text, ids, completion.finish_reason,
+                                prompt_ids if first else None))
     if req.handed_back:
         # The cancelled wait already made vLLM abort it; abort again in case the drain caught
         # the request between two outputs (abort of a finished request is a no-op).
@@ -172,9 +307,11 @@ async def generate(
     yield sse("[DONE]")
 
 
-async def collect(chunks: AsyncIterator[bytes], request_id: str, model: str) -> JSONResponse:
+async def collect(chunks: AsyncIterator[bytes], job: Job) -> JSONResponse:
     """The non-streaming answer; a handed-back request is a 503 the router retries."""
-    text, finish = [], None
+    text: list[str] = []
+    ids: list[int] = []
+    prompt_ids, finish = None, None
     async for raw in chunks:
         data = raw.decode().removeprefix("data: ").strip()
         if data == "[DONE]":
@@ -182,11 +319,21 @@ async def collect(chunks: AsyncIterator[bytes], request_id: str, model: str) -> 
         event = json.loads(data)
         if event.get("handed_back"):
             return JSONResponse(event, status_code=503, headers={"Retry-After": "0"})
-        text.append(event["choices"][0]["text"])
-        finish = event["choices"][0]["finish_reason"] or finish
-    return JSONResponse({"id": request_id, "object": "text_completion", "model": model,
-                         "choices": [{"index": 0, "text": "".join(text),
-                                      "finish_reason": finish}]})
+        choice = event["choices"][0]
+        text.append(choice.get("text") or choice.get("delta", {}).get("content") or "")
+        ids += choice.get("token_ids") or []
+        prompt_ids = choice.get("prompt_token_ids") or prompt_ids
+        finish = choice["finish_reason"] or finish
+    answer: dict[str, Any] = {"index": 0, "finish_reason": finish}
+    if job.chat:
+        answer["message"] = {"role": "assistant", "content": "".join(text)}
+    else:
+        answer["text"] = "".join(text)
+    if job.token_ids:
+        answer.update(token_ids=ids, prompt_token_ids=prompt_ids)
+    return JSONResponse({"id": job.request_id, "created": job.created, "model": job.model,
+                         "object": "chat.completion" if job.chat else "text_completion",
+                         "choices": [answer]})
 
 
 def main() -> None:
@@ -201,6 +348,8 @@ def main() -> None:
     parser = AsyncEngineArgs.add_cli_args(parser)
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
+    # Read by EngineCore, a child started with this environment.
+    os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(WORKER_EXIT_S))
     engine_args = AsyncEngineArgs.from_cli_args(args)
     token = None
     if args.coordinator_token_file:
