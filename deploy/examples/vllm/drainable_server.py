@@ -63,14 +63,17 @@ from worker_client import Tier, WorkerClient, handed_back_event, install_gracefu
 
 log = logging.getLogger("drainable_server")
 
-ENGINE_CORE_TIER_S = 30.0
+ENGINE_CORE_TIER_S = 75.0
 """How long EngineCore gets from its SIGTERM to its exit, its Workers' exits included."""
-WORKER_EXIT_S = 20
+WORKER_EXIT_S = 60
 """How long EngineCore lets its Workers leave by themselves before it SIGTERMs them (vLLM's
-``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s by default; SIGKILL 4 s after that). On a
-loaded 2-core machine a Worker took longer than 5 s, was SIGTERMed by EngineCore while it
-was already leaving, and died of it (exit -15): set inside EngineCore's tier, the Worker's
-own exit is waited for and only a stuck one is signalled. An operator's value is kept."""
+``VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS``, 5 s by default; SIGKILL 4 s after that). A Worker
+told to stop spends seconds of CPU in its own teardown, one thread busy with no Python frame
+left, and vLLM pins every Worker's threads to the same core here: with other engines
+running, a stock vLLM's Worker took 10 s to exit and the drained server's more than 20 s, was
+SIGTERMed by EngineCore while it was leaving, and died of it (exit -15). Set inside
+EngineCore's tier, the Worker's own exit is waited for and only a stuck one is signalled. An
+operator's value is kept."""
 VLLM_TIERS = (
     # EngineCore's SIGTERM handler shuts its executor down, which stops the Worker processes
     # and waits for them. A Worker stopped first is "died unexpectedly" to EngineCore and the
