@@ -16,10 +16,10 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, overload
 
 import httpx
 import psutil
@@ -30,6 +30,7 @@ from tests.engines import strace_record
 from tests.engines.stack import (
     ROOT,
     Coordinator,
+    Vllm,
     engine_python,
     pattern_for,
     spawn_logged,
@@ -38,6 +39,9 @@ from tests.engines.stack import (
     wait_http,
 )
 from tests.support.processes import ProcessJanitor, wait_for
+
+if TYPE_CHECKING:
+    from tests.continuation.stack import Proxy
 
 SGLANG_START_S = 420.0
 """Bound on SGLang's start (about 30-40 s on 2 idle cores; far more under a loaded CI)."""
@@ -256,25 +260,54 @@ whose prompt is token ids (400: its ``prompt`` is a string or a list of strings)
 of it completions are continued by text; vllm-router passes the ids on to SGLang."""
 
 
+Engine = TypeVar("Engine", Sglang, Vllm)
+
+
 @dataclass
-class DrainablePod:
+class DrainablePod(Generic[Engine]):
     """The drainable server with its coordinator, behind a router beside a peer, and the
     continuation proxy in front of the router (acknowledging handoffs to that coordinator)."""
 
     coordinator: Coordinator
-    drained: Sglang
+    drained: Engine
     router: RouterProcess
-    proxy_url: str
+    proxy: Proxy
+
+    @property
+    def proxy_url(self) -> str:
+        return self.proxy.url
 
 
-def start_drainable_pod(janitor: ProcessJanitor, tmp: Path, model_dir: Path, peer: Sglang,
-                        grace_s: float, router: str = "vllm-router") -> DrainablePod:
+StartDrained = Callable[[int, Coordinator], Engine]
+"""Starts the drainable server on a port, registered with a coordinator; returns once it
+serves."""
+
+
+@overload
+def start_drainable_pod(janitor: ProcessJanitor, tmp: Path, model_dir: Path,
+                        peer: Sglang | Vllm, grace_s: float, router: str = ..., *,
+                        start_drained: None = None) -> DrainablePod[Sglang]: ...
+
+
+@overload
+def start_drainable_pod(janitor: ProcessJanitor, tmp: Path, model_dir: Path,
+                        peer: Sglang | Vllm, grace_s: float, router: str = ..., *,
+                        start_drained: StartDrained[Engine]) -> DrainablePod[Engine]: ...
+
+
+def start_drainable_pod(janitor: ProcessJanitor, tmp: Path, model_dir: Path,
+                        peer: Sglang | Vllm, grace_s: float, router: str = "vllm-router", *,
+                        start_drained: StartDrained[Any] | None = None) -> DrainablePod[Any]:
     """1. ``router`` (round robin) in front of ``peer``; 2. the drainable server's
     coordinator, told of the router and of the server's address; 3. the drainable server
-    registered with it, which the coordinator then adds to the router; 4. the continuation
-    proxy in front of the router (``PROXY_FLAGS``)."""
+    (``start_drained``; SGLang's by default) registered with it, which the coordinator then
+    adds to the router; 4. the continuation proxy in front of the router (``PROXY_FLAGS``)."""
     from tests.continuation.stack import start_proxy
     from tests.routers.stack import janitor_spawn, router_binary
+
+    def start_sglang_drainable(port: int, coordinator: Coordinator) -> Sglang:
+        return start_sglang(janitor, tmp, model_dir, argv=DRAINABLE, port=port,
+                            flags=["--coordinator", coordinator.url])
 
     router_binary(router)
     front = routers.start_router(router, janitor_spawn(janitor), tmp, [peer.url])
@@ -283,15 +316,14 @@ def start_drainable_pod(janitor: ProcessJanitor, tmp: Path, model_dir: Path, pee
     coordinator = start_coordinator(janitor, tmp, "--grace-period", f"{grace_s:g}",
                                     "--router", f"{router}={front.url}",
                                     "--router-worker-url", url)
-    drained = start_sglang(janitor, tmp, model_dir, argv=DRAINABLE, port=port,
-                           flags=["--coordinator", coordinator.url])
+    drained = (start_drained or start_sglang_drainable)(port, coordinator)
     wait_for(lambda: [w["pid"] for w in coordinator.status()["workers"]] == [drained.proc.pid],
              timeout=60, what="the drainable server registered")
     wait_for(lambda: front.routes_to(url), timeout=120,
              what=f"{router} routing to the drained server")
     proxy = start_proxy(janitor, tmp, front.url, "--coordinator", coordinator.url,
                         *PROXY_FLAGS[router])
-    return DrainablePod(coordinator, drained, front, proxy.url)
+    return DrainablePod(coordinator, drained, front, proxy)
 
 
 def completion_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:

@@ -106,16 +106,16 @@ class Vllm:
 def start_vllm(
     janitor: ProcessJanitor, tmp: Path, model_dir: Path, argv: list[str] | None = None,
     max_model_len: int = 512, served_model: str = "tiny", flags: Sequence[str] = (),
-    extra_env: Mapping[str, str] | None = None,
+    extra_env: Mapping[str, str] | None = None, port: int | None = None,
 ) -> Vllm:
     """Start an unmodified vLLM (``vllm.entrypoints.openai.api_server``) and wait until healthy.
 
     ``argv`` replaces the module to run (an example server that wraps vLLM) and receives the
     same engine flags; ``flags`` are added to them; ``extra_env`` (a container's own ``env``)
-    is added to the environment.
+    is added to the environment; ``port``: a free one by default.
     """
     python = engine_python("vllm")
-    port = free_port()
+    port = port or free_port()
     log = tmp / f"vllm-{port}.log"
     module = argv or ["-m", "vllm.entrypoints.openai.api_server"]
     engine_flags = [
