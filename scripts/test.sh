@@ -194,11 +194,11 @@ fi
 cat .engines/install.log
 engine_started=$SECONDS
 # Two streams side by side, each one real engine's CPU at a time at most:
-# - the real engines (vLLM, SGLang with one and two schedulers, Dynamo), in the foreground;
+# - the real engines (vLLM, SGLang with one and two schedulers, Dynamo, stock SGLang and
+#   vLLM migrated through the proxy), in the foreground;
 # - the real routers in front of simulated engines (light: mostly waiting), the real engines
-#   under `run` (tests/init), stock engines migrated through the proxy and a drainable vLLM's
-#   streams continued on a stock vLLM behind the real routers, then the container tests
-#   (podman: the images built from
+#   under `run` (tests/init), a drainable vLLM's streams continued on a stock vLLM behind
+#   the real routers, then the container tests (podman: the images built from
 #   deploy/container/Dockerfile, overlays as pods with their engines deleted with a stream
 #   in flight as the kubelet deletes them, the engine as PID 1 under run, tini, tini -g,
 #   dumb-init, no init), logged to .engines/second-stream.log.
@@ -219,8 +219,8 @@ case "$selection" in
     all) selection="" ;;
 esac
 # Real-engine tests that run in the second stream, not in the foreground's tests/engines:
-# each starts two engines of its own, and the foreground is the longer stream.
-second_engines=(tests/engines/test_stock_ending.py tests/engines/test_vllm_continuation.py)
+# the vLLM continuation (two vLLMs behind each router, 7-15 min) balances the two streams.
+second_engines=(tests/engines/test_vllm_continuation.py)
 second_stream() {
     local started=$SECONDS
     echo "== real routers in front of simulated engines and of real vLLMs, the real engines"
