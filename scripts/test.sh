@@ -197,12 +197,12 @@ engine_started=$SECONDS
 # - the real engines (vLLM, SGLang with one and two schedulers, Dynamo, stock SGLang and
 #   vLLM migrated through the proxy), in the foreground;
 # - the real routers in front of simulated engines (light: mostly waiting), the real engines
-#   under `run` (tests/init), a drainable vLLM's streams continued on a stock vLLM behind
-#   the real routers, then the container tests (podman: the images built from
+#   under `run` (tests/init), then the container tests (podman: the images built from
 #   deploy/container/Dockerfile, overlays as pods with their engines deleted with a stream
 #   in flight as the kubelet deletes them, the engine as PID 1 under run, tini, tini -g,
 #   dumb-init, no init), logged to .engines/second-stream.log.
-# Each stream's output is shown whole once both have ended; the step fails if either did.
+# Each stream's output is shown whole once both have ended, then the tests that need the
+# machine to themselves run (alone_engines); the step fails if any part did.
 # In CI's time budget (CONTAINER_TESTS unset, or ci): the images built and run as the
 # manifests run them, health check included; the vllm and sglang overlays as shipped, each a
 # pod with its real engine deleted with a stream in flight (minutes each: the engines start
@@ -218,15 +218,18 @@ case "$selection" in
         selection="not overlay or sidecar and (sglang or vllm and not adopted)" ;;
     all) selection="" ;;
 esac
-# Real-engine tests that run in the second stream, not in the foreground's tests/engines:
-# the vLLM continuation (two vLLMs behind each router, 7-15 min) balances the two streams.
-second_engines=(tests/engines/test_vllm_continuation.py)
+# Real-engine tests that run alone once both streams have ended, not in the foreground's
+# tests/engines: the vLLM continuation (a drainable and a stock vLLM behind each router)
+# holds every process of the drained tree to exit 0 with no SIGKILL, and vLLM pins every
+# Worker of every vLLM on the machine to the first core, where a Worker's own teardown took
+# over the 60 s EngineCore waits for it beside the foreground's engines (EngineCore then
+# SIGKILLed it); alone it takes 7-8 min.
+alone_engines=(tests/engines/test_vllm_continuation.py)
 second_stream() {
     local started=$SECONDS
-    echo "== real routers in front of simulated engines and of real vLLMs, the real engines"
-    echo "   under run"
+    echo "== real routers in front of simulated engines, the real engines under run"
     .venv/bin/pytest -m engine -p no:cacheprovider tests/routers tests/bench/test_rollout.py \
-        tests/init "${second_engines[@]}" || return
+        tests/init || return
     echo "routers and run: $((SECONDS - started)) s wall time"
     started=$SECONDS
     echo "== container tests (podman)"
@@ -238,14 +241,20 @@ second_log=.engines/second-stream.log
 second_stream > "$second_log" 2>&1 &
 second=$!
 engine_status=0
-.venv/bin/pytest -m engine tests/engines "${second_engines[@]/#/--ignore=}" \
+.venv/bin/pytest -m engine tests/engines "${alone_engines[@]/#/--ignore=}" \
     || engine_status=$?
 echo "real engines: $((SECONDS - engine_started)) s wall time"
 second_status=0
 wait "$second" || second_status=$?
 echo "== the second stream (run beside the real engines)"
 cat "$second_log"
+echo "== real engines that need the machine to themselves"
+alone_status=0
+.venv/bin/pytest -m engine -p no:cacheprovider "${alone_engines[@]}" || alone_status=$?
 echo "engine and container tests: $((SECONDS - engine_started)) s wall time"
+if [ "$alone_status" != 0 ]; then
+    exit "$alone_status"
+fi
 if [ "$engine_status" != 0 ]; then
     exit "$engine_status"
 fi
