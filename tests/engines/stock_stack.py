@@ -54,7 +54,7 @@ a loaded machine EngineCore otherwise SIGTERMs it, then hangs until its tier's S
 
 def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
     (tmp / name).mkdir(parents=True, exist_ok=True)
-    server = start_vllm(janitor, tmp / name, model, max_model_len=4096,
+    server = start_vllm(janitor, tmp / name, model, max_model_len=16384,
                         flags=["--enable-log-requests"],
                         extra_env={"VLLM_SERVER_DEV_MODE": "1", **dict(VLLM_ENV)})
     port = server.url.rpartition(":")[2]

@@ -33,10 +33,11 @@ from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
 
-TOKENS = {"sglang": 1000, "vllm": 3000}
-"""Each stream's length: still in flight when the drain ends it, however slow the drain's
-first steps on a loaded machine (vLLM streams the tiny model at about 90 tokens a second
-here: a 1,000-token stream once finished before the routers had taken the pod out)."""
+TOKENS = {"sglang": 1000, "vllm": 12000}
+"""Each stream's length: still in flight when the drain ends it, however fast the engine
+and however slow the drain's first steps. vLLM streams the tiny model at 90 to 280 tokens a
+second here: 1,000- and 3,000-token streams finished before the drain had taken the pod out
+of the router (the step then reads nothing in flight and ends nothing)."""
 ROUTER = "vllm-router"
 """It passes a token-id prompt on: the continuation is token-exact."""
 STARTED_CHUNKS = 10
