@@ -223,7 +223,7 @@ esac
 # holds every process of the drained tree to exit 0 with no SIGKILL, and vLLM pins every
 # Worker of every vLLM on the machine to the first core, where a Worker's own teardown took
 # over the 60 s EngineCore waits for it beside the foreground's engines (EngineCore then
-# SIGKILLed it); alone it takes 7-8 min.
+# SIGKILLed it); alone it took 3 min here.
 alone_engines=(tests/engines/test_vllm_continuation.py)
 second_stream() {
     local started=$SECONDS
