@@ -17,6 +17,7 @@ import pytest
 from tests.engines.tiny_model import write_tiny_model
 from tests.pods import exits
 from tests.pods.kubelet import Pod
+from tests.pods.network import ClusterNetwork
 from tests.pods.podman import Podman
 from tests.pods.spec import Objects
 from tests.support.processes import ProcessJanitor
@@ -53,16 +54,23 @@ def shared_directory(path: Path) -> Path:
 
 
 @pytest.fixture
+def cluster_network() -> Iterator[ClusterNetwork]:
+    """A pod network of its own (``network.ClusterNetwork``), removed at the test's end."""
+    with ClusterNetwork() as network:
+        yield network
+
+
+@pytest.fixture
 def pods(podman: Podman, janitor: ProcessJanitor, tmp_path: Path) -> Iterator[PodFactory]:
     """``pods(template, objects, name=...)``: a ``Pod`` (not started) that is removed at the
     end of the test, with everything the node ran for it."""
     made: list[Pod] = []
 
     def make(template: Mapping[str, Any], objects: Objects | None = None, *, name: str = "pod",
-             extra_ports: Sequence[int] = ()) -> Pod:
+             extra_ports: Sequence[int] = (), network: ClusterNetwork | None = None) -> Pod:
         pod = Pod(podman, template, objects or Objects(), name=name,
                   workdir=tmp_path / f"pod-{len(made)}", spawn=janitor.spawn,
-                  extra_ports=extra_ports)
+                  extra_ports=extra_ports, network=network)
         made.append(pod)
         return pod
 

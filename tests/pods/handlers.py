@@ -84,8 +84,10 @@ class Node:
     """The node's side of one pod: its relay directory and how to run a command in it."""
 
     def __init__(self, relay_dir: Path, exec_argv: Callable[[str, Sequence[str]], list[str]],
-                 spawn: Callable[..., subprocess.Popen[Any]]) -> None:
+                 spawn: Callable[..., subprocess.Popen[Any]], ip: str = POD_IP) -> None:
         self.relay_dir = relay_dir
+        self.ip = ip
+        """The pod's IP, where the relay connects and the kubelet's requests are sent."""
         self._exec_argv = exec_argv
         self._spawn = spawn
         self._running: list[subprocess.Popen[Any]] = []
@@ -95,8 +97,8 @@ class Node:
         return httpx.HTTPTransport(uds=str(self.relay_dir / f"{port}.sock"))
 
     def client(self, port: int, timeout: float | None = 60.0, **kwargs: Any) -> httpx.Client:
-        """An HTTP client whose requests reach ``POD_IP:port`` inside the pod."""
-        return httpx.Client(transport=self.transport(port), base_url=f"http://{POD_IP}:{port}",
+        """An HTTP client whose requests reach the pod's ``ip:port`` inside the pod."""
+        return httpx.Client(transport=self.transport(port), base_url=f"http://{self.ip}:{port}",
                             timeout=timeout, **kwargs)
 
     def run(self, handler: Mapping[str, Any], container: Mapping[str, Any], container_id: str,
@@ -143,7 +145,7 @@ class Node:
               probe_timeout: float | None) -> HandlerResult:
         result = HandlerResult("httpGet", time.time())
         port = resolve_port(spec["port"], container)
-        host = spec.get("host") or POD_IP
+        host = spec.get("host") or self.ip
         path = spec.get("path") or "/"
         headers = {h["name"]: h["value"] for h in spec.get("httpHeaders") or []}
         url = f"{str(spec.get('scheme', 'HTTP')).lower()}://{host}:{port}{path}"
@@ -171,11 +173,11 @@ class Node:
                 sock.settimeout(0.2)
                 try:
                     if sock.recv(1, socket.MSG_PEEK) == b"":
-                        result.error = f"dial tcp {POD_IP}:{port}: connection refused"
+                        result.error = f"dial tcp {self.ip}:{port}: connection refused"
                 except TimeoutError:
                     pass
         except OSError as exc:
-            result.error = f"dial tcp {POD_IP}:{port}: {exc}"
+            result.error = f"dial tcp {self.ip}:{port}: {exc}"
         result.ended_at = time.time()
         return result
 

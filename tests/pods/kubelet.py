@@ -9,7 +9,10 @@ Start (``Pod.start``; ``kuberuntime/kuberuntime_manager.go`` ``SyncPod``):
 1. The sandbox: a podman pod sharing the network, IPC and UTS namespaces, and the PID
    namespace when ``shareProcessNamespace`` is set, whose infra container (podman's
    catatonit) is PID 1 as the pause container is (``createPodSandbox``). Its hostname is
-   the pod's name; its IP (``POD_IP``) an address of its own loopback.
+   the pod's name; its ``/etc/hosts`` the kubelet's (``spec.hosts_file``: the pod's IP and
+   name, its ``hostAliases``), mounted into every container; its IP
+   (``POD_IP``) an address of its own loopback, or, on a ``network.ClusterNetwork``
+   (several pods that reach each other), its ``eth0`` address there.
 2. The volumes, made on the node before any container (``volumemanager``).
 3. The init containers in order (``computeInitContainerActions``): a regular one must exit 0
    before the next starts; a native sidecar (``restartPolicy: Always``) counts as started
@@ -43,6 +46,7 @@ container's log are kept before the pod is removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import re
 import secrets
 import shutil
@@ -57,6 +61,7 @@ from typing import Any
 import httpx
 
 from tests.pods.handlers import HandlerResult, Node, handler_ports, resolve_port
+from tests.pods.network import ClusterNetwork
 from tests.pods.podman import Podman
 from tests.pods.probing import Prober
 from tests.pods.processes import PodProcess, pod_pid, pod_processes, running, start_ticks
@@ -66,6 +71,7 @@ from tests.pods.spec import (
     Objects,
     PodMeta,
     Volume,
+    hosts_file,
     make_volume,
     podman_create_args,
     unmount_volumes,
@@ -117,8 +123,10 @@ class Pod:
 
     def __init__(self, podman: Podman, template: Mapping[str, Any], objects: Objects, *,
                  name: str, workdir: Path, spawn: Callable[..., subprocess.Popen[Any]],
-                 extra_ports: Sequence[int] = ()) -> None:
+                 extra_ports: Sequence[int] = (),
+                 network: ClusterNetwork | None = None) -> None:
         self.podman = podman
+        self.network = network
         self.spec: dict[str, Any] = dict(template["spec"])
         metadata = template.get("metadata") or {}
         self.name = f"{name}-{secrets.token_hex(3)}"
@@ -152,6 +160,7 @@ class Pod:
         self._late_hooks: list[tuple[Container, threading.Thread, list[HandlerResult]]] = []
         """Hooks that outlived the grace period the kubelet waited for them."""
         self._closed = False
+        self._hosts = workdir / "etc-hosts"
 
     # Records.
 
@@ -162,6 +171,11 @@ class Pod:
     def events_of(self, reason: str) -> list[Event]:
         with self._events_lock:
             return [e for e in self.events if e.reason == reason]
+
+    @property
+    def ip(self) -> str:
+        """The pod's IP (``status.podIP``)."""
+        return self.meta.ip
 
     @property
     def grace_period(self) -> int:
@@ -197,10 +211,18 @@ class Pod:
                                 self.name).stdout.strip()
         self.infra_pid = int(self.podman.inspect(infra)["State"]["Pid"])
         netns = f"--net=/proc/{self.infra_pid}/ns/net"
-        subprocess.run(["nsenter", netns, "ip", "addr", "add", f"{POD_IP}/32", "dev", "lo"],
-                       check=True, timeout=30)
+        if self.network is None:
+            subprocess.run(["nsenter", netns, "ip", "addr", "add", f"{POD_IP}/32", "dev", "lo"],
+                           check=True, timeout=30)
+        else:
+            ip = self.network.attach(self.infra_pid)
+            self.meta = dataclasses.replace(self.meta, ip=ip, host_ip=self.network.node_ip)
+            self.node.ip = ip
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._hosts.write_text(hosts_file(self.spec, self.meta))
+        self._hosts.chmod(0o644)
         self._relay = self._spawn(
-            ["nsenter", netns, "python3", str(RELAY), str(self._relay_dir), POD_IP,
+            ["nsenter", netns, "python3", str(RELAY), str(self._relay_dir), self.ip,
              *map(str, sorted(self._ports))], stdout=subprocess.PIPE, text=True)
         assert self._relay.stdout is not None
         line = self._relay.stdout.readline().strip()
@@ -223,7 +245,8 @@ class Pod:
         spec = container.spec
         try:
             args = podman_create_args(self.spec, spec, meta=self.meta, objects=self.objects,
-                                      volumes=volumes, image_user=self._image_user(spec["image"]))
+                                      volumes=volumes, image_user=self._image_user(spec["image"]),
+                                      hosts_file=self._hosts)
         except CreateContainerConfigError as exc:
             self.record("Warning", "Failed", container.name, f"Error: {exc}")
             raise
@@ -295,7 +318,7 @@ class Pod:
 
     def client(self, port: int | str, container: str | None = None,
                **kwargs: Any) -> httpx.Client:
-        """An HTTP client to ``POD_IP:port`` (a named port of ``container``)."""
+        """An HTTP client to the pod's ``ip:port`` (a named port of ``container``)."""
         if isinstance(port, str):
             assert container is not None
             port = resolve_port(port, self.containers[container].spec)

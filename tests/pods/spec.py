@@ -72,14 +72,18 @@ class PodMeta:
     annotations: Mapping[str, str] = field(default_factory=dict)
     namespace: str = NAMESPACE
     service_account: str = "default"
+    ip: str = POD_IP
+    """``status.podIP``: ``POD_IP`` on the pod's loopback, or its address on a
+    ``network.ClusterNetwork``."""
+    host_ip: str = HOST_IP
 
     def field(self, path: str) -> str:
         """``valueFrom.fieldRef.fieldPath`` (``podFieldSelectorRuntimeValue``)."""
         simple = {"metadata.name": self.name, "metadata.namespace": self.namespace,
                   "metadata.uid": self.uid, "spec.nodeName": NODE_NAME,
-                  "spec.serviceAccountName": self.service_account, "status.podIP": POD_IP,
-                  "status.podIPs": POD_IP, "status.hostIP": HOST_IP,
-                  "status.hostIPs": HOST_IP}
+                  "spec.serviceAccountName": self.service_account, "status.podIP": self.ip,
+                  "status.podIPs": self.ip, "status.hostIP": self.host_ip,
+                  "status.hostIPs": self.host_ip}
         if path in simple:
             return simple[path]
         match = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
@@ -320,11 +324,27 @@ def unmount_volumes(where: Path) -> None:
             subprocess.run(["umount", "-l", target], check=False, timeout=30)
 
 
+def hosts_file(pod: Mapping[str, Any], meta: PodMeta) -> str:
+    """The pod's ``/etc/hosts`` as the kubelet writes it (``managedHostsFileContent``,
+    ``pkg/kubelet/kubelet_pods.go``): loopback, the pod's IP and hostname, then its
+    ``hostAliases``. The kubelet mounts it into every container (``makeHostsMount``)."""
+    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost",
+             "::1\tlocalhost ip6-localhost ip6-loopback", "fe00::0\tip6-localnet",
+             "fe00::0\tip6-mcastprefix", "fe00::1\tip6-allnodes", "fe00::2\tip6-allrouters",
+             f"{meta.ip}\t{meta.name}"]
+    aliases = pod.get("hostAliases") or []
+    if aliases:
+        lines += ["", "# Entries added by HostAliases."]
+        lines += [f"{a['ip']}\t{chr(9).join(a.get('hostnames') or [])}" for a in aliases]
+    return "\n".join(lines) + "\n"
+
+
 def podman_create_args(pod: Mapping[str, Any], container: Mapping[str, Any], *,
                        meta: PodMeta, objects: Objects, volumes: Mapping[str, Volume],
-                       image_user: str) -> list[str]:
+                       image_user: str, hosts_file: Path | None = None) -> list[str]:
     """The ``podman create`` options and arguments for one container (after the pod's and
-    the name's), as the kubelet's CRI config would set them."""
+    the name's), as the kubelet's CRI config would set them (``hosts_file``: the pod's
+    ``/etc/hosts``, ``hosts_file()``)."""
     env = environment(container, meta, objects)
     args: list[str] = ["--no-healthcheck", "--pids-limit", "-1", "--restart", "no",
                        "--pull", "never"]
@@ -368,6 +388,8 @@ def podman_create_args(pod: Mapping[str, Any], container: Mapping[str, Any], *,
         read_only = volume.read_only or bool(mount.get("readOnly"))
         args += ["--mount", f"type=bind,source={volume.source},destination="
                             f"{mount['mountPath']}{',ro=true' if read_only else ''}"]
+    if hosts_file is not None:
+        args += ["--mount", f"type=bind,source={hosts_file},destination=/etc/hosts"]
     command = [expand(str(c), env) for c in container.get("command") or []]
     arguments = [expand(str(a), env) for a in container.get("args") or []]
     if command:

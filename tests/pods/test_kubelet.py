@@ -10,12 +10,14 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.pods.conftest import PodFactory, shared_directory
 from tests.pods.exits import ProcessExits
 from tests.pods.images import BASE, Images
 from tests.pods.kubelet import MINIMUM_GRACE_S, Pod
+from tests.pods.network import ClusterNetwork
 from tests.pods.spec import POD_IP, CreateContainerConfigError, Objects
 from tests.support.processes import wait_for
 
@@ -285,3 +287,45 @@ def test_readiness_gates_the_pod(base: str, pods: PodFactory, records: Path) -> 
     pod.wait_ready(timeout=60)
     assert [ready for _, ready in pod.containers["main"].ready_changes][-1] is True
     pod.delete()
+
+
+def test_pods_on_a_cluster_network_reach_each_other_and_the_node_by_their_own_ips(
+        base: str, cluster_network: ClusterNetwork, pods: PodFactory, records: Path) -> None:
+    """1. Two pods on one ``ClusterNetwork``, each serving HTTP on every address; the second
+       names the first by a ``hostAliases`` name, and its readiness probe is an httpGet.
+    2. Each pod has an address of its own on the network, which its downward API's
+       ``status.podIP`` gives and where the kubelet's probe reached it (the server's record
+       of the request's ``Host``).
+    3. From inside the second pod, a GET to the first by its alias name reaches the first
+       (its record); the node reaches each at its IP."""
+    ip_env = {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}
+    probe = {"httpGet": {"path": "/ready-check", "port": HTTP_PORT}, "periodSeconds": 1}
+    first_pod = pods(template(records, [toy("one", "--serve", str(HTTP_PORT), "--facts",
+                                            env=[ip_env])]),
+                     name="one", network=cluster_network)
+    first_pod.start(ready_timeout=120)
+    second_pod = pods(template(records, [toy("two", "--serve", str(HTTP_PORT), "--facts",
+                                             env=[ip_env], readinessProbe=probe)],
+                               hostAliases=[{"ip": first_pod.ip, "hostnames": ["peer"]}]),
+                      name="two", network=cluster_network)
+    second_pod.start(ready_timeout=120)
+    started(records, "one", "two")
+    assert len({first_pod.ip, second_pod.ip, cluster_network.node_ip}) == 3
+    for name, pod in (("one", first_pod), ("two", second_pod)):
+        facts = records / f"{name}-facts.json"
+        wait_for(facts.exists, timeout=30, what=f"{name}'s facts")
+        assert json.loads(facts.read_text())["env"]["POD_IP"] == pod.ip
+    probed = [e for e in events(records, "two") if e["event"] == "request"]
+    assert probed[0]["headers"]["Host"] == f"{second_pod.ip}:{HTTP_PORT}"
+
+    fetch = ("import urllib.request as u; "
+             f"print(u.urlopen('http://peer:{HTTP_PORT}/from-two', timeout=10).status)")
+    done = second_pod.exec("two", "python3", "-c", fetch)
+    assert (done.returncode, done.stdout.strip()) == (0, "200"), done.stderr
+    assert [e["path"] for e in events(records, "one") if e["event"] == "request"] \
+        == ["/from-two"]
+    for pod in (first_pod, second_pod):
+        assert httpx.get(f"http://{pod.ip}:{HTTP_PORT}/from-node", timeout=10).status_code \
+            == 200
+    first_pod.delete()
+    second_pod.delete()
