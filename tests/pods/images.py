@@ -37,7 +37,8 @@ No registry is reachable, so nothing is pulled:
    ``PATH``/``PYTHONPATH`` set for the engine shims the pod mounts.
 7. The recipe's ``drainable`` target on ``ENGINE_BASE``, per engine that has a drainable
    server (``DRAINABLE``: vllm, sglang): the engine target plus that server, where the
-   migrating overlays' engine command runs it.
+   migrating overlays' engine command runs it; with the thin layer of step 4 on top, the
+   migrating overlays' engine image (``drainable_engine``).
 
 The recipe's builds run without podman's layer cache (``--layers=false``): podman 4.3's
 builder (buildah 1.28) mounts nothing for ``RUN --mount=type=bind,from=<stage>`` when that
@@ -243,6 +244,17 @@ class Images:
                    "--build-arg", f"BASE_IMAGE={base}",
                    "--build-arg", f"BUILDER_IMAGE={self.base()}", "--tag", image)
         self._built.add(image)
+        return image
+
+    def drainable_engine(self, name: str, venv: Path) -> str:
+        """``name``'s drainable image (``drainable``) with ``venv`` first on ``PATH``, as
+        ``engine`` makes the engine target's: the migrating overlays' engine."""
+        image = f"localhost/{name}-drainable:test"
+        self.build(f"the {name} drainable engine layer (tests/pods/Containerfile.engine)",
+                   "--file", str(ENGINE_LAYER), "--build-arg", f"BASE={self.drainable(name)}",
+                   "--build-arg", f"VENV={venv}",
+                   "--build-arg", f"PYTHON_HOME={python_home(venv)}",
+                   "--tag", image, context=ENGINE_LAYER.parent, cache=True)
         return image
 
     # 6. The simulated engine.

@@ -290,6 +290,8 @@ class StatusWatch:
     def __init__(self, pod: Pod) -> None:
         self.pod = pod
         self.last: dict[str, Any] | None = None
+        self.error: str | None = None
+        """Why the watch ended before the drain was done, if it did."""
         self._thread = threading.Thread(target=self._run, daemon=True, name="status-watch")
         self._thread.start()
 
@@ -305,8 +307,8 @@ class StatusWatch:
                     if status.get("phase") == "done":
                         return
                     params = {"wait": 10, "since": status["generation"]}
-        except (httpx.HTTPError, ValueError):
-            return
+        except (httpx.HTTPError, ValueError) as exc:
+            self.error = f"{type(exc).__name__}: {exc}"
 
     def result(self, timeout: float = 60.0) -> dict[str, Any] | None:
         self._thread.join(timeout)

@@ -57,25 +57,30 @@ async def serve(directory: Path, pod_ip: str, ports: list[int]) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    end_with_parent(loop, stop)
     print("ready", flush=True)
     await stop.wait()
     for server in servers:
         server.close()
 
 
-def end_with_parent() -> None:
-    """SIGTERM when the test process that started this one dies (``PR_SET_PDEATHSIG``): a
-    test run killed outright leaves no relay behind."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
-    if os.getppid() == 1:
-        sys.exit(0)
+def end_with_parent(loop: asyncio.AbstractEventLoop, stop: asyncio.Event) -> None:
+    """Stop once the test process that started this one has exited (its pidfd turns
+    readable): a test run killed outright leaves no relay behind. Not ``PR_SET_PDEATHSIG``:
+    that fires when the thread that started the relay ends, and tests start pods from
+    threads."""
+    parent_pid = os.getppid()
+    try:
+        parent = os.pidfd_open(parent_pid)
+    except ProcessLookupError:
+        stop.set()
+        return
+    loop.add_reader(parent, stop.set)
+    if os.getppid() != parent_pid:  # it exited before its pidfd was open
+        stop.set()
 
 
 def main() -> int:
-    end_with_parent()
     directory, pod_ip, *ports = sys.argv[1:]
     asyncio.run(serve(Path(directory), pod_ip, [int(p) for p in ports]))
     return 0

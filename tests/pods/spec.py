@@ -145,6 +145,14 @@ def quantity(text: str | int) -> int:
     return int(float(match.group(1)) * _BINARY[match.group(2)])
 
 
+def cpus(text: str | int | float) -> float:
+    """A CPU quantity (``500m``, ``2``) in cores."""
+    match = re.fullmatch(r"([0-9.]+)(m?)", str(text))
+    if not match:
+        raise CreateContainerConfigError(f"unsupported CPU quantity {text!r}")
+    return float(match.group(1)) / (1000 if match.group(2) else 1)
+
+
 def environment(container: Mapping[str, Any], meta: PodMeta, objects: Objects) -> dict[str, str]:
     """The container's environment as the kubelet makes it (order kept)."""
     env: dict[str, str] = {}
@@ -381,6 +389,9 @@ def podman_create_args(pod: Mapping[str, Any], container: Mapping[str, Any], *,
     limits = (container.get("resources") or {}).get("limits") or {}
     if "memory" in limits:
         args += ["--memory", str(quantity(limits["memory"]))]
+    if "cpu" in limits:
+        # The kubelet's CPU limit is a CFS quota per period, as podman's --cpus sets it.
+        args += ["--cpus", f"{cpus(limits['cpu']):g}"]
     if container.get("workingDir"):
         args += ["--workdir", container["workingDir"]]
     for mount in container.get("volumeMounts") or []:
