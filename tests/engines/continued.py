@@ -101,6 +101,19 @@ def handed_back(log: Path) -> list[tuple[str, int, int]]:
     return handed
 
 
+def assert_counts_agree(counts: dict[str, int], handed: list[tuple[str, int, int]],
+                        streams: int) -> dict[str, int]:
+    """The coordinator's ``migration_counts`` are the drained server's log (``handed``):
+    every hand-back acknowledged, none expired or pending. Returns what the proxy's counters
+    must then read: a hand-back before the first token is retried as a refusal is, not
+    counted a continuation."""
+    assert (counts["handed_back"], counts["acked"], counts["expired"], counts["pending"]) == (
+        len(handed), len(handed), 0, 0), counts
+    mid_stream = sum(1 for _, _, tokens in handed if tokens)
+    return {"handed_back": len(handed), "acked": len(handed), "continuations": mid_stream,
+            "broken": 0, "completed": streams, "streams": streams}
+
+
 def assert_ended_cleanly(proc: subprocess.Popen[Any], trace: Trace,
                          summary: dict[str, Any]) -> dict[int, dict[str, Any]]:
     """The drained server's main process exited 0; strace: every process of its tree exited
