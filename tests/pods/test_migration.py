@@ -1,14 +1,15 @@
-"""The vllm-migrating overlay as pods, one deleted under streaming load: its streams continue
-on the other pod.
+"""The migrating overlays as pods, one engine pod deleted under streaming load: its streams
+continue on the other pod.
 
-What a platform engineer applies (``kubectl apply -k deploy/kubernetes/overlays/vllm-migrating``)
-is two kinds of pods: the engine's (the drainable vLLM server, worker_client inside vLLM's own
-engine, with the coordinator as its native sidecar) and the continuation proxy's, with
-vllm-router in front of the engine pods. Here, on one ``network.ClusterNetwork``:
+What a platform engineer applies (``kubectl apply -k deploy/kubernetes/overlays/vllm-migrating``,
+or ``sglang-migrating``) is two kinds of pods: the engine's (the drainable server, worker_client
+inside the engine, with the coordinator as its native sidecar) and the continuation proxy's,
+with vllm-router in front of the engine pods. Here, on one ``network.ClusterNetwork``, for each
+engine (``CASES``):
 
-- two engine pods from the overlay's Deployment (``overlays.template``, the real vLLM on the
-  CPU, ``Machine`` says what this machine changes), their image the recipe's drainable target
-  (``images.drainable_engine``);
+- two engine pods from the overlay's Deployment (``overlays.template``, the real vLLM or SGLang
+  on the CPU, ``Machine`` says what this machine changes), their image the recipe's drainable
+  target (``images.drainable_engine``);
 - one proxy pod from the overlay's ``continuation-proxy`` Deployment, as rendered;
 - vllm-router on the node, where the router Service's name points (``hostAliases``: there is
   no cluster DNS; the headless coordinator Service's name points at both engine pods).
@@ -30,7 +31,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,26 +66,65 @@ from tests.pods.overlays import (
     without_flags,
 )
 from tests.pods.podman import Podman
-from tests.pods.test_overlays import START_S, engine_venv, mounted
+from tests.pods.test_overlays import SGLANG_CPU, START_S, engine_venv, mounted
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [pytest.mark.container, pytest.mark.timeout(1800)]
 
-OVERLAY = "vllm-migrating"
-TOKENS = 16000
-"""Tokens of each stream: the tiny model makes about a token a millisecond on a quiet core,
-two streams sharing it, and the deletion reaches the drain through the preStop hook (a
-``podman exec``) seconds after the four started (10-15 s with both engines busy): each
-stream must still be running then."""
-MAX_MODEL_LEN = 16384
 WARM_UP_TOKENS = 64
 ENGINE_CPU = "750m"
-"""Each engine container's CPU limit (``resources.limits.cpu``). Unlimited, each tiny vLLM
-streams over 2,000 tokens a second, and the servers, the router, the proxy and the client
-relaying four such streams take the other core and more: the first event of a stream then
-came 6-14 s after it was sent, and a 16,000-token stream on the deleted pod ended before the
-kubelet's preStop hook reached the drain. Limited, the engines leave the relay chain room, and
-their streams run for tens of seconds."""
+"""Each engine container's CPU limit (``resources.limits.cpu``). Unlimited, each tiny
+vLLM streams over 2,000 tokens a second, and the servers, the router, the proxy and the
+client relaying four such streams take the other core and more: the first event of a stream
+then came 6-14 s after it was sent, and a 16,000-token stream on the deleted pod ended
+before the kubelet's preStop hook reached the drain. Limited, the engines leave the relay
+chain room, and their streams run for tens of seconds."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """One migrating overlay: its engine on this machine, its port, its streams' length."""
+
+    overlay: str
+    machine: Callable[[Images, Path], Machine]
+    port: int
+    tokens: int
+    """Tokens of each stream: still running when the deletion reaches the drain through the
+    preStop hook (a ``podman exec``), and, continued, well inside the engine's context."""
+    cpu: str | None = None
+
+
+def drainable_vllm(images: Images, model: Path) -> Machine:
+    """The drainable vLLM server on the CPU: the tiny model with dummy weights, the flags the
+    engine tests start vLLM with (its context the tiny model's 16,384)."""
+    venv = engine_venv("vllm")
+    return Machine(
+        image=images.drainable_engine("vllm", venv),
+        args=lambda args: [*without_flags(args, "--model"), "--model=/model",
+                           "--served-model-name=tiny", "--load-format=dummy",
+                           "--max-model-len=16384", f"--kv-cache-memory-bytes={256 * 2**20}"],
+        env={"OMP_NUM_THREADS": "1"}, read_only=mounted(venv, model))
+
+
+def drainable_sglang(images: Images, model: Path) -> Machine:
+    """The drainable SGLang server on the CPU, with the flags the sglang overlay's pod test
+    runs SGLang with (``SGLANG_CPU``), but room for four 6,000-token streams in its KV
+    cache."""
+    venv = engine_venv("sglang")
+    flags = [f for f in SGLANG_CPU if not f.startswith("--max-total-tokens=")]
+    return Machine(
+        image=images.drainable_engine("sglang", venv),
+        args=lambda args: [*without_flags(args, "--model-path"), "--model-path=/model",
+                           *flags, "--max-total-tokens=32768"],
+        env={"OMP_NUM_THREADS": "1"}, read_only=mounted(venv, model))
+
+
+CASES = {
+    # Each under the same CPU limit: unlimited, a 1,500-token SGLang stream was over before
+    # the drain on an idle machine.
+    "vllm": Case("vllm-migrating", drainable_vllm, 8000, 16000, ENGINE_CPU),
+    "sglang": Case("sglang-migrating", drainable_sglang, 30000, 6000, ENGINE_CPU),
+}
 ROUTER_NAME = "vllm-router.default.svc.cluster.local"
 """The router Service's name in the overlay's router component (its
 ``SHUTDOWN_COORDINATOR_ROUTERS``), which the proxy's ``--upstream`` copies."""
@@ -91,19 +132,6 @@ ROUTER_PORT = 8000
 COORDINATORS_NAME = "inference-engine-coordinator.default.svc.cluster.local"
 """The headless Service the proxy resolves to find every engine pod's coordinator."""
 PROXY_PORT = 8000
-
-
-def drainable_vllm(images: Images, model: Path) -> Machine:
-    """The drainable vLLM server on the CPU: the tiny model with dummy weights, the flags the
-    engine tests start vLLM with."""
-    venv = engine_venv("vllm")
-    return Machine(
-        image=images.drainable_engine("vllm", venv),
-        args=lambda args: [*without_flags(args, "--model"), "--model=/model",
-                           "--served-model-name=tiny", "--load-format=dummy",
-                           f"--max-model-len={MAX_MODEL_LEN}",
-                           f"--kv-cache-memory-bytes={256 * 2**20}"],
-        env={"OMP_NUM_THREADS": "1"}, read_only=mounted(venv, model))
 
 
 def with_aliases(spec: dict[str, Any], aliases: dict[str, list[str]]) -> dict[str, Any]:
@@ -183,9 +211,8 @@ def send_all(url: str, requests: list[tuple[str, str, dict[str, Any]]]) -> dict[
     """Stream each ``(name, path, body)`` at once (``name`` its ``X-Request-Id``); return once
     each has its first event: the router sent it on and the engine it landed on started it.
     Round robin puts two of the four on each engine, whichever they are. (Sent one by one,
-    each once the one before started, the first events came 10-17 s apart here, both vLLM
-    engines' EngineCores bound to the same core, while those sent first ran towards their
-    end.)"""
+    each once the one before started, the first events of unlimited vLLM engines came
+    10-17 s apart here, while those sent first ran towards their end.)"""
     streams = {name: start_stream(url + path, body, {"X-Request-Id": name})
                for name, path, body in requests}
     for name, stream in streams.items():
@@ -211,8 +238,9 @@ def proxy_counts(proxy: Pod) -> dict[str, float]:
     return counts
 
 
+@pytest.mark.parametrize("engine", list(CASES))
 def test_a_migrating_overlay_pod_deleted_under_streaming_load_has_every_stream_continued(
-        images: Images, podman: Podman, model: Path, cluster_network: ClusterNetwork,
+        engine: str, images: Images, podman: Podman, model: Path, cluster_network: ClusterNetwork,
         router: str, pods: PodFactory, process_exits: ProcessExits, tmp_path: Path) -> None:
     """1. The overlay rendered; two engine pods from its Deployment on one pod network,
        started side by side; each coordinator adds its engine to vllm-router (the router's
@@ -233,17 +261,20 @@ def test_a_migrating_overlay_pod_deleted_under_streaming_load_has_every_stream_c
        kernel), nothing SIGKILLed; the drain is graceful, nothing lost, and its handoff
        counts are the engine's log's and the proxy's.
     8. The second pod and the proxy deleted: every container exits 0."""
-    manifest = rendered(OVERLAY, tmp_path / "render")
+    case = CASES[engine]
+    tokens = case.tokens
+    manifest = rendered(case.overlay, tmp_path / "render")
     objects = objects_of(manifest)
-    machine = drainable_vllm(images, model)
+    machine = case.machine(images, model)
     to_router = {cluster_network.node_ip: [ROUTER_NAME]}
     engine_template = with_aliases(template(manifest, machine, "sidecar"), to_router)
-    engine = next(c for c in engine_template["spec"]["containers"] if c["name"] == ENGINE)
-    engine["resources"].setdefault("limits", {})["cpu"] = ENGINE_CPU
+    if case.cpu is not None:
+        container = next(c for c in engine_template["spec"]["containers"] if c["name"] == ENGINE)
+        container["resources"].setdefault("limits", {})["cpu"] = case.cpu
     first, second = (pods(engine_template, objects, name=f"engine-{n}", network=cluster_network)
                      for n in ("a", "b"))
     start_all([first, second])
-    urls = {f"http://{pod.ip}:8000" for pod in (first, second)}
+    urls = {f"http://{pod.ip}:{case.port}" for pod in (first, second)}
     wait_for(lambda: routed(router) == urls, timeout=120,
              what=f"both engines routed: {urls}")
 
@@ -257,16 +288,16 @@ def test_a_migrating_overlay_pod_deleted_under_streaming_load_has_every_stream_c
     proxy = pods(proxy_template, objects, name="proxy", network=cluster_network)
     proxy.start(ready_timeout=120)
 
-    warm_up([f"http://{pod.ip}:8000" for pod in (first, second)])
-    expected = reference(f"http://{second.ip}:8000", "tiny", TOKENS)
-    assert len(expected.ids) == TOKENS
-    completion = completion_body("tiny", COMPLETION_PROMPT, TOKENS)
+    warm_up([f"http://{pod.ip}:{case.port}" for pod in (first, second)])
+    expected = reference(f"http://{second.ip}:{case.port}", "tiny", tokens)
+    assert len(expected.ids) == tokens
+    completion = completion_body("tiny", COMPLETION_PROMPT, tokens)
     proxy_url = f"http://{proxy.ip}:{PROXY_PORT}"
     streams = send_all(proxy_url, [
         ("completion-1", "/v1/completions", completion),
         ("completion-2", "/v1/completions", completion),
-        ("chat-1", "/v1/chat/completions", chat_body("tiny", TOKENS)),
-        ("chat-2", "/v1/chat/completions", chat_body("tiny", TOKENS)),
+        ("chat-1", "/v1/chat/completions", chat_body("tiny", tokens)),
+        ("chat-2", "/v1/chat/completions", chat_body("tiny", tokens)),
     ])
 
     noted_at = time.time()
@@ -285,14 +316,14 @@ def test_a_migrating_overlay_pod_deleted_under_streaming_load_has_every_stream_c
                       "load_average": round(os.getloadavg()[0], 1)}))
     assert_continued(streams, expected, by_ids=True)
     log = (tmp_path / f"{first.name}-{ENGINE}.log").read_text(errors="replace")
-    handed = [(name, int(attempt), int(tokens)) for name, attempt, tokens in HANDED.findall(log)]
-    first_attempts = [(name, tokens) for name, attempt, tokens in handed if attempt == 0]
+    handed = [(name, int(attempt), int(n)) for name, attempt, n in HANDED.findall(log)]
+    first_attempts = [(name, n) for name, attempt, n in handed if attempt == 0]
     assert len({name for name, _ in first_attempts}) == len(first_attempts) == 2, handed
-    assert all(0 < tokens < TOKENS for _, tokens in first_attempts), handed
+    assert all(0 < n < tokens for _, n in first_attempts), handed
     # A continuation the router still sent there before it was told is handed back again,
     # before its first token.
-    assert all(tokens == 0 for _, attempt, tokens in handed if attempt), handed
-    assert routed(router) == {f"http://{second.ip}:8000"}
+    assert all(n == 0 for _, attempt, n in handed if attempt), handed
+    assert routed(router) == {f"http://{second.ip}:{case.port}"}
 
     for name in (ENGINE, COORDINATOR):
         ended = deletion.containers[name]
