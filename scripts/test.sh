@@ -226,7 +226,9 @@ esac
 # Worker of every vLLM on the machine to the first core, where a Worker's own teardown took
 # over the 60 s EngineCore waits for it beside the foreground's engines (EngineCore then
 # SIGKILLed it); alone it took 3 min here.
-alone_engines=(tests/engines/test_vllm_continuation.py)
+# The stock-ending test too: beside the second stream its vLLM case's drain started 12 s
+# after the stream, which had ended by then (twice); alone it passed.
+alone_engines=(tests/engines/test_vllm_continuation.py tests/engines/test_stock_ending.py)
 # Likewise the migrating overlays as pods (two real engine pods, the proxy's pod,
 # vllm-router; one engine pod deleted under streaming load: its streams continue on the
 # other): vLLM's in CI's selection, SGLang's too with CONTAINER_TESTS=all.
