@@ -132,9 +132,13 @@ PROFILES: dict[str, EngineProfile] = {
                      include_root=True, timeout_s=45.0),
             # Without it, EngineCore first: core.py:1451-1470, multiproc_executor.py:509-526
             # ("all workers exited gracefully"); the title is VLLM_PROCESS_NAME_PREFIX::…
-            # (system_utils.py:180-194). A dead EngineCore makes the API server exit.
+            # (system_utils.py:180-194). A dead EngineCore makes the API server exit. Its
+            # own sequence for a Worker that does not leave (20 s with the manifests' env,
+            # then SIGTERM and 4 s, then SIGKILL; multiproc_executor.py:458-507) took 30.2 s
+            # on a loaded 2-core node: a 30 s tier SIGKILLed EngineCore as it ended the
+            # Worker itself, with most of the budget left. 40 s lets it finish.
             TierSpec(name="engine-core", pattern=r"VLLM::(EngineCore|DPCoordinator)",
-                     timeout_s=30.0),
+                     timeout_s=40.0),
             TierSpec(name="workers", pattern=r"VLLM::Worker", timeout_s=10.0)),
         metrics_url="http://127.0.0.1:8000/metrics",
         inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),

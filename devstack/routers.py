@@ -55,6 +55,10 @@ SMG_SETTLE_S = 1
 """``drain_settle_secs`` ``remove_worker`` gives an smg worker before its removal."""
 CALL_TIMEOUT_S = 5.0
 """One call to a router's API."""
+ADD_TIMEOUT_S = 30.0
+"""One call that adds a worker: vllm-router checks the worker's ``/health`` before it
+answers, which a busy engine answered in 2.9 s here (SGLang's runs a generation), and past
+5 s on a slower machine."""
 POLL_S = 0.02
 
 Spawn = Callable[[Sequence[str], Path, dict[str, str]], "subprocess.Popen[Any]"]
@@ -162,10 +166,10 @@ class RouterProcess:
                    f"{worker} no longer draining", timeout_s)
         if self.kind == "smg":
             answer = looks.client().post(f"{self.url}/workers", json={"url": worker},
-                                         timeout=CALL_TIMEOUT_S)
+                                         timeout=ADD_TIMEOUT_S)
         else:
             answer = looks.client().post(f"{self.url}/add_worker", params={"url": worker},
-                                         timeout=CALL_TIMEOUT_S)
+                                         timeout=ADD_TIMEOUT_S)
         # smg 1.13 may answer 409 WORKER_CREATE_IN_PROGRESS (a registration already queued,
         # by a pod's coordinator joining it, say) and registers the worker all the same; a
         # worker already there (smg 409 ALREADY_EXISTS, vllm-router 400) is done too.

@@ -33,7 +33,7 @@ VLLM_TIERS: list[dict[str, Any]] = [
     # terminates the Worker processes and waits for them ("all workers exited gracefully").
     # SIGTERMing a Worker first instead makes EngineCore report "Worker proc died
     # unexpectedly" and the API server force-kill EngineCore (EngineDeadError).
-    {"name": "engine-core", "pattern": r"VLLM::(EngineCore|DPCoordinator)", "timeout_s": 30},
+    {"name": "engine-core", "pattern": r"VLLM::(EngineCore|DPCoordinator)", "timeout_s": 40},
     {"name": "workers", "pattern": r"VLLM::Worker", "timeout_s": 10},
 ]
 """The API server (the root) goes last and exits 0 once its engine core is gone."""
