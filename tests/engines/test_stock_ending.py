@@ -32,7 +32,7 @@ from tests.engines.stack import start_coordinator
 from tests.engines.stock_stack import STARTERS, finished
 from tests.engines.tiny_model import prompt
 from tests.routers.stack import janitor_spawn, router_binary
-from tests.support.cpu_quota import cpu_quota
+from tests.support.cpu_quota import Quota, cpu_quota
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(1200)]
@@ -63,7 +63,7 @@ after the ending window). SGLang's 6,000 tokens last long enough unlimited."""
 
 @pytest.fixture
 def quotas() -> Iterator[contextlib.ExitStack]:
-    """CPU limits the test puts on processes, lifted when it ends (before the janitor ends
+    """CPU limits the test puts on processes, removed when it ends (before the janitor ends
     the processes)."""
     with contextlib.ExitStack() as stack:
         yield stack
@@ -118,9 +118,10 @@ def test_a_stock_stream_the_drain_ends_is_continued_whole_on_the_peer(
     proxy = start_proxy(janitor, tmp_path, front.url, "--coordinator", coordinator.url)
 
     peer_before = len(finished(engine, peer))
+    quota: Quota | None = None
     if engine in QUOTA_CPUS:
         tree = [drained.pid, *(c.pid for c in psutil.Process(drained.pid).children(True))]
-        quotas.enter_context(cpu_quota(tree, QUOTA_CPUS[engine]))
+        quota = quotas.enter_context(cpu_quota(tree, QUOTA_CPUS[engine]))
     front.remove_worker(peer.url)
     stream: Stream = start_stream(proxy.url + "/v1/completions", {**body, "stream": True},
                                   {"X-Request-Id": "stock-1"})
@@ -134,7 +135,8 @@ def test_a_stock_stream_the_drain_ends_is_continued_whole_on_the_peer(
         wait_for(lambda: stream.ended.is_set() or any(
             line.endswith("abort") for line in finished(engine, drained)), timeout=300,
             what="the drained engine ends the stream")
-        quotas.close()
+        if quota is not None:
+            quota.lift()
         summary: dict[str, Any] = answer.result(timeout=300).json()
     (tmp_path / "summary.json").write_text(json.dumps(summary, indent=1))
     assert stream.ended.wait(timeout=300)
