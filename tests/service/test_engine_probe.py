@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from coordinator.service.engine_probe import MAX_BODY_BYTES, inflight
 from coordinator.service.render import progress_line, status_text
 from coordinator.settings import DEFAULT_INFLIGHT_METRICS
@@ -44,6 +46,21 @@ def test_the_count_is_the_sum_of_the_named_gauges_over_every_label_set() -> None
     assert inflight(SGLANG_PAGE, ("sglang:token_usage",)) is None  # NaN is no count
     assert inflight(SGLANG_PAGE, VLLM) is None
     assert inflight("", VLLM) is None
+
+
+def test_only_the_named_gauges_lines_count_and_are_parsed() -> None:
+    """A gauge whose name merely starts with a named one is another gauge; a malformed line
+    of another family does not spoil the count; a malformed line of a named gauge does."""
+    names = ("vllm:num_requests_running",)
+    page = ("# TYPE vllm:num_requests_running gauge\n"
+            'vllm:num_requests_running{engine="0"} 2.0\n'
+            "# TYPE vllm:num_requests_running_peak gauge\n"
+            "vllm:num_requests_running_peak 40.0\n"
+            "vllm:something_else{broken 1\n")
+    assert inflight(page, names) == 2
+    assert inflight(page.replace("_peak", ""), names) == 42
+    with pytest.raises(ValueError, match="could not convert"):
+        inflight("vllm:num_requests_running{broken 1\n", names)
 
 
 def start_engine(janitor: ProcessJanitor, tmp_path: Path, running: int) -> tuple[Any, Path, int]:
