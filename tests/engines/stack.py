@@ -93,6 +93,19 @@ def start_coordinator(janitor: ProcessJanitor, tmp: Path, *args: str,
     return start_service(janitor, tmp, *args, source=source)
 
 
+def peer_core_env() -> dict[str, str]:
+    """The environment that binds a vLLM nothing drains (a peer streams continue on) to the
+    last core this process may use, where there are two or more.
+
+    vLLM's CPU backend binds each Worker to the first core of its NUMA node
+    (``VLLM_CPU_OMP_THREADS_BIND=auto``): every vLLM on this machine to core 0. A Worker's exit
+    is seconds of garbage collection on that core; beside a peer's Worker generating the
+    continued streams on the same core, a drained Worker took longer than the 60 s EngineCore
+    gives it (EngineCore then SIGKILLed it). In a cluster each engine has its own cores."""
+    cores = sorted(os.sched_getaffinity(0))
+    return {"VLLM_CPU_OMP_THREADS_BIND": str(cores[-1])} if len(cores) > 1 else {}
+
+
 @dataclass
 class Vllm:
     """A vLLM OpenAI server on the tiny model."""

@@ -15,7 +15,7 @@ import httpx
 from coordinator.engines import PROFILES
 from devstack.routers import free_port
 from tests.engines.sglang_stack import start_sglang
-from tests.engines.stack import start_vllm
+from tests.engines.stack import peer_core_env, start_vllm
 from tests.support.processes import ProcessJanitor
 
 
@@ -56,7 +56,8 @@ def vllm(janitor: ProcessJanitor, tmp: Path, model: Path, name: str) -> Server:
     (tmp / name).mkdir(parents=True, exist_ok=True)
     server = start_vllm(janitor, tmp / name, model, max_model_len=16384,
                         flags=["--enable-log-requests"],
-                        extra_env={"VLLM_SERVER_DEV_MODE": "1", **dict(VLLM_ENV)})
+                        extra_env={"VLLM_SERVER_DEV_MODE": "1", **dict(VLLM_ENV),
+                                   **(peer_core_env() if name == "peer" else {})})
     port = server.url.rpartition(":")[2]
     return Server(server.proc.pid, server.url, server.served_model, server.log,
                   rf"vllm\.entrypoints\.openai\.api_server .*--port {port}(\s|$)")

@@ -39,7 +39,7 @@ from tests.engines.sglang_stack import (
     start_drainable_pod,
     trace_tree,
 )
-from tests.engines.stack import ROOT, Coordinator, Vllm, start_vllm
+from tests.engines.stack import ROOT, Coordinator, Vllm, peer_core_env, start_vllm
 from tests.support.processes import ProcessJanitor, wait_for
 
 pytestmark = [
@@ -56,10 +56,11 @@ tokens at most."""
 MAX_MODEL_LEN = 8192
 """Both servers alike: the same flags, the same dummy weights."""
 GRACE_S = 240
-"""The pod's grace period: room for the Worker's teardown on a loaded machine. vLLM pins
-every Worker to the same core; beside the peer and other engines the drained server's Worker
-took 46 s to exit (the server lets it take 60 s, EngineCore's tier 75 s). A drain that goes
-well ends long before."""
+"""The pod's grace period: room for the Worker's teardown on a loaded machine (seconds of
+garbage collection on its core; the server lets it take 60 s, EngineCore's tier 75 s). Beside
+other engines, and the peer's Worker on the same core, the drained server's Worker took 46 s
+to exit, once more than 60 s: the peer is bound to another core (``peer_core_env``). A drain
+that goes well ends long before."""
 RECEIVED = re.compile(r"Received request (?:chat)?cmpl-(\S+?)\.(\d+)(?:-\d+)?: params")
 """The peer's line for each request it takes: ``cmpl-{X-Request-Id}-{prompt index}`` or
 ``chatcmpl-{X-Request-Id}``; the proxy names each attempt ``{stream}.{attempt}``."""
@@ -72,7 +73,8 @@ def peer(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     janitor = ProcessJanitor()
     try:
         yield start_vllm(janitor, tmp_path_factory.mktemp("peer"), tiny_model,
-                         max_model_len=MAX_MODEL_LEN, flags=["--enable-log-requests"])
+                         max_model_len=MAX_MODEL_LEN, flags=["--enable-log-requests"],
+                         extra_env=peer_core_env())
     finally:
         janitor.close()
 
